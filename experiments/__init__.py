@@ -1,0 +1,1 @@
+"""One folder per paper (installed as `jaxlab.experiments`): config.py, train.py, method.py, README.md."""

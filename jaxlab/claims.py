@@ -1,0 +1,85 @@
+"""Quantitative claims: what `python -m jaxlab.reproduce` checks for each paper.
+
+An experiment's config.py declares `CLAIMS = [Claim(...), ...]`. A claim measures one number from the
+per-seed summaries of its runs (the dicts `train_and_evaluate` returns) and compares it with a target::
+
+    Claim("accuracy", "test accuracy >= 0.93 on every seed",
+          measure=fraction(lambda s: s["eval/accuracy"] >= 0.93), op=">=", target=1.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+Summary = dict[str, Any]
+_OPS = {
+    ">=": lambda m, t: m >= t, ">": lambda m, t: m > t, "<=": lambda m, t: m <= t, "<": lambda m, t: m < t,
+    "in": lambda m, t: t[0] <= m <= t[1],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+  """One checkable claim.
+
+  Attributes:
+    name: short identifier (table column).
+    text: the claim in words, as the paper states it at small scale.
+    measure: `runs -> number` computed from the per-seed summary dicts.
+    op: one of ">=", ">", "<=", "<", "in" (target is then a (low, high) pair).
+    target: the threshold (or interval).
+  """
+  name: str
+  text: str
+  measure: Callable[[Sequence[Summary]], float]
+  op: str
+  target: float | tuple[float, float]
+
+  def __post_init__(self):
+    if self.op not in _OPS:
+      raise ValueError(f"Claim {self.name!r}: op must be one of {list(_OPS)}, got {self.op!r}")
+
+  def target_text(self) -> str:
+    """The comparison as text, e.g. '>= 0.9' or 'in [-0.4, -0.25]'."""
+    if self.op == "in":
+      return f"in [{self.target[0]:g}, {self.target[1]:g}]"
+    return f"{self.op} {self.target:g}"
+
+  def check(self, runs: Sequence[Summary]) -> dict[str, Any]:
+    """Measures and compares; returns {"name", "text", "measured", "target", "passed"} (+ "error")."""
+    out = {"name": self.name, "text": self.text, "target": self.target_text()}
+    try:
+      value = float(self.measure(runs))
+    except Exception as e:  # a missing key or a failed run must fail the claim, not the report
+      return {**out, "measured": None, "passed": False, "error": f"{type(e).__name__}: {e}"}
+    passed = math.isfinite(value) and bool(_OPS[self.op](value, self.target))
+    return {**out, "measured": value, "passed": passed}
+
+
+def mean(key: str) -> Callable[[Sequence[Summary]], float]:
+  """Mean of `summary[key]` over runs."""
+  return lambda runs: float(np.mean([r[key] for r in runs]))
+
+
+def minimum(key: str) -> Callable[[Sequence[Summary]], float]:
+  """Smallest `summary[key]` over runs."""
+  return lambda runs: float(np.min([r[key] for r in runs]))
+
+
+def maximum(key: str) -> Callable[[Sequence[Summary]], float]:
+  """Largest `summary[key]` over runs."""
+  return lambda runs: float(np.max([r[key] for r in runs]))
+
+
+def fraction(pred: Callable[[Summary], bool]) -> Callable[[Sequence[Summary]], float]:
+  """Fraction of runs for which `pred(summary)` holds."""
+  return lambda runs: float(np.mean([bool(pred(r)) for r in runs]))
+
+
+def count(pred: Callable[[Summary], bool]) -> Callable[[Sequence[Summary]], float]:
+  """Number of runs for which `pred(summary)` holds."""
+  return lambda runs: float(sum(bool(pred(r)) for r in runs))

@@ -1,0 +1,49 @@
+"""Error types raised on bad user input.
+
+Every error here carries a one-line message that says what is wrong and how to fix it. The command-line
+tools (`jaxlab.main`, `jaxlab.reproduce`, `jaxlab.sweep`, `jaxlab.bench`) print such errors as a single
+`error: ...` line and exit with status 2 instead of showing a traceback.
+"""
+
+
+class JaxlabError(Exception):
+  """Base class of the user-facing errors of jaxlab."""
+
+
+class ConfigError(JaxlabError, ValueError):
+  """A config key or value is unknown or invalid."""
+
+
+class CheckpointError(JaxlabError, ValueError):
+  """A checkpoint is missing, corrupt, or was written by a different model."""
+
+
+class DataError(JaxlabError, ValueError):
+  """Input data has the wrong shape, type or content."""
+
+
+class NonFiniteError(JaxlabError, FloatingPointError):
+  """A logged metric became NaN or infinite during training."""
+
+
+class MissingDependencyError(JaxlabError, ImportError):
+  """An optional package needed by the requested feature is not installed."""
+
+
+def require(module: str, extra: str):
+  """Imports an optional module or raises a MissingDependencyError naming the pip extra.
+
+  Args:
+    module: importable module name, e.g. "ott".
+    extra: the jaxlab extra that installs it, e.g. "ot".
+
+  Returns:
+    The imported module.
+  """
+  import importlib
+  try:
+    return importlib.import_module(module)
+  except ImportError as e:
+    raise MissingDependencyError(
+        f"optional package '{module}' is not installed; install it with "
+        f"pip install 'jaxlab[{extra}]' (or pip install -e '.[{extra}]' in a checkout)") from e

@@ -1,0 +1,103 @@
+"""Metrics and run records: `metrics.jsonl`, `config.json`, `summary.json` (process 0 writes).
+
+`metrics.jsonl` holds one JSON object per logged step: `{"step": 100, "train/loss": 0.3, ...}`. When a run
+resumes from a checkpoint at step s, rows after s (logged by the interrupted run but not covered by the
+checkpoint) are dropped, so the file always reads as one uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Mapping
+
+import jax
+
+from jaxlab.errors import require
+
+
+def is_main_process() -> bool:
+  """True on the process that writes files (process 0)."""
+  return jax.process_index() == 0
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes JSON atomically (temp file + rename) from process 0; NaN/inf become null."""
+  if not is_main_process():
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w") as f:
+    json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+  """Reads a JSON file."""
+  with open(path) as f:
+    return json.load(f)
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  """Rows of `workdir/metrics.jsonl` (empty list when missing)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricWriter:
+  """Appends metrics to `workdir/metrics.jsonl` (and TensorBoard when asked); no-op off process 0.
+
+  Args:
+    workdir: run directory.
+    resume_step: the step the run restarts from; rows with a larger step are dropped (None or 0: a fresh
+      run, the file is started anew).
+    tensorboard: also write TensorBoard events to `workdir/tb` (needs tensorboardX: pip install
+      'jaxlab[tensorboard]').
+  """
+
+  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = False):
+    self.enabled = is_main_process()
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self._tb = None
+    if not self.enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    rows = [r for r in read_metrics(workdir) if resume_step and r.get("step", 0) <= resume_step]
+    with open(self.path, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    if tensorboard:
+      tbx = require("tensorboardX", "tensorboard")
+      self._tb = tbx.SummaryWriter(os.path.join(workdir, "tb"))
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """Appends one row `{"step": step, **metrics}` (values converted to Python floats)."""
+    if not self.enabled:
+      return
+    row = {"step": int(step), **_jsonable(dict(metrics))}
+    with open(self.path, "a") as f:
+      f.write(json.dumps(row) + "\n")
+    if self._tb is not None:
+      for k, v in row.items():
+        if k != "step" and isinstance(v, (int, float)):
+          self._tb.add_scalar(k, v, step)
+
+  def close(self) -> None:
+    """Flushes TensorBoard events."""
+    if self._tb is not None:
+      self._tb.close()
+
+
+def _jsonable(obj: Any) -> Any:
+  if isinstance(obj, Mapping):
+    return {str(k): _jsonable(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_jsonable(v) for v in obj]
+  if hasattr(obj, "tolist"):  # numpy / jax arrays and scalars
+    return _jsonable(obj.tolist())
+  if isinstance(obj, float) and not math.isfinite(obj):
+    return None
+  return obj

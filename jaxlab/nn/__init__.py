@@ -1,0 +1,5 @@
+"""Shared Flax NNX modules, grouped by domain (papers add theirs here when a second paper can use them)."""
+
+from jaxlab.nn.mlp import MLP
+
+__all__ = ["MLP"]

@@ -1,0 +1,54 @@
+"""Plots written as PNG files (matplotlib, headless Agg backend)."""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from jaxlab import metrics as metrics_lib  # noqa: E402
+
+
+def plot_curves(workdirs: Sequence[str], keys: Sequence[str], path: str, labels: Sequence[str] | None = None,
+                title: str | None = None, logy: bool = False) -> str | None:
+  """One panel per metric key, one line per run (read from each workdir's metrics.jsonl).
+
+  Args:
+    workdirs: run directories.
+    keys: metric names, e.g. ("train/loss", "eval/accuracy"); keys no run logged are skipped.
+    path: output PNG path.
+    labels: legend labels (default: workdir basenames).
+    title: figure title.
+    logy: log-scale y axes.
+
+  Returns:
+    The path written, or None when no run logged any of the keys.
+  """
+  rows = [metrics_lib.read_metrics(w) for w in workdirs]
+  keys = [k for k in keys if any(k in r for run in rows for r in run)]
+  if not keys:
+    return None
+  labels = list(labels) if labels else [os.path.basename(os.path.normpath(w)) for w in workdirs]
+  fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.4), squeeze=False)
+  for ax, key in zip(axes[0], keys):
+    for run, label in zip(rows, labels):
+      pts = [(r["step"], r[key]) for r in run if r.get(key) is not None]
+      if pts:
+        ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None, label=label)
+    ax.set_xlabel("step")
+    ax.set_title(key)
+    if logy:
+      ax.set_yscale("log")
+    ax.grid(alpha=0.3)
+  axes[0][0].legend(fontsize=8)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path

@@ -1,0 +1,105 @@
+"""Finding experiments: by name in `jaxlab.experiments`, or by a folder / config.py path anywhere.
+
+An experiment is a folder with `config.py` (`get_config(arg)`, optional `sweep(arg)`, `CLAIMS`,
+optional `SEEDS`) and `train.py` (`train_and_evaluate(config, workdir) -> dict`, optional
+`plot(runs, workdirs, out_dir)`). The library finds them by name here, so `jaxlab` itself never imports
+`jaxlab.experiments` statically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import pkgutil
+import sys
+import types
+from typing import Any
+
+import ml_collections
+
+from jaxlab import configs
+from jaxlab.errors import ConfigError
+
+PACKAGE = "jaxlab.experiments"
+
+
+@dataclasses.dataclass
+class Experiment:
+  """A loaded experiment: its name, package and config module."""
+  name: str
+  package: str
+  config_module: types.ModuleType
+
+  @property
+  def train_module(self) -> types.ModuleType:
+    """The experiment's train.py (imported on first use)."""
+    return importlib.import_module(f"{self.package}.train")
+
+  @property
+  def description(self) -> str:
+    """First line of the config module's docstring."""
+    return (self.config_module.__doc__ or "").strip().splitlines()[0] if self.config_module.__doc__ else ""
+
+  @property
+  def claims(self) -> list:
+    return list(getattr(self.config_module, "CLAIMS", []))
+
+  def get_config(self, arg: str | None = None) -> ml_collections.ConfigDict:
+    """Calls the experiment's `get_config(arg)`."""
+    return self.config_module.get_config(arg)
+
+
+def names() -> list[str]:
+  """Names of the experiments installed under `jaxlab.experiments`."""
+  pkg = importlib.import_module(PACKAGE)
+  return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg and not m.name.startswith("_"))
+
+
+def load(name_or_path: str) -> Experiment:
+  """Loads an experiment by name ("quickstart") or folder / config.py path.
+
+  Raises:
+    ConfigError: when no such experiment exists (lists the known names).
+  """
+  path = name_or_path
+  if path.endswith(".py"):
+    path = os.path.dirname(path) or "."
+  base = os.path.basename(os.path.normpath(path))
+  if os.path.isdir(path):
+    if os.path.normpath(os.path.dirname(os.path.abspath(path))).endswith(os.sep + "experiments") and base in names():
+      return _from_package(base)
+    if not os.path.exists(os.path.join(path, "config.py")):
+      raise ConfigError(f"{path} has no config.py; an experiment folder needs config.py and train.py")
+    return _from_folder(path)
+  if name_or_path in names():
+    return _from_package(name_or_path)
+  raise ConfigError(f"unknown experiment {name_or_path!r}; known: {', '.join(names()) or 'none'} "
+                    "(or pass a folder holding config.py and train.py)")
+
+
+def load_config(spec: str, overrides: Any = ()) -> tuple[Experiment, ml_collections.ConfigDict]:
+  """Loads `path/to/config.py:ARG` (or `name:ARG`), applies overrides, returns (experiment, config)."""
+  target, _, arg = spec.partition(":")
+  exp = load(target)
+  config = exp.get_config(arg or None)
+  if not isinstance(config, ml_collections.ConfigDict):
+    raise ConfigError(f"{exp.name}: get_config must return an ml_collections.ConfigDict")
+  configs.apply_overrides(config, overrides)
+  return exp, config
+
+
+def _from_package(name: str) -> Experiment:
+  pkg = f"{PACKAGE}.{name}"
+  return Experiment(name=name, package=pkg, config_module=importlib.import_module(f"{pkg}.config"))
+
+
+def _from_folder(path: str) -> Experiment:
+  path = os.path.abspath(path)
+  name = os.path.basename(path)
+  pkg = f"_jaxlab_ext_{abs(hash(path))}_{name}"
+  if pkg not in sys.modules:
+    mod = types.ModuleType(pkg)
+    mod.__path__ = [path]
+    sys.modules[pkg] = mod
+  return Experiment(name=name, package=pkg, config_module=importlib.import_module(f"{pkg}.config"))

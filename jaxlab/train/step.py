@@ -1,0 +1,74 @@
+"""Pure, jitted, sharded train and eval steps for gradient-based training.
+
+`loss_fn(model, batch, key) -> (loss, metrics)` is all an experiment writes: the step merges the pure
+param dicts into the NNX module (train mode), differentiates, applies the optax update and returns the new
+state with scalar metrics (`train/loss`, `train/grad_norm`, `train/lr`, and `train/<name>` for each metric
+the loss returns). Experiments with non-gradient updates write their own step with the same signature
+`(state, batch) -> (state, metrics)` and hand it to `jaxlab.train.loop.run_loop`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxlab.state import ModelDef, TrainState
+
+LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
+EvalFn = Callable[[nnx.Module, Mapping[str, jax.Array]], Mapping[str, jax.Array]]
+
+
+def make_train_step(modeldef: ModelDef, loss_fn: LossFn, tx: optax.GradientTransformation,
+                    schedule: Callable, state_shardings: TrainState, batch_sharding: Any,
+                    donate: bool = True) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
+  """Builds `train_step(state, batch) -> (state, metrics)`, jitted with explicit shardings.
+
+  Args:
+    modeldef: static model description.
+    loss_fn: `(model, batch, key) -> (scalar loss, {name: scalar})`; `key` is `fold_in(run key, step)`.
+    tx: optax transformation.
+    schedule: learning-rate schedule (logged as `train/lr`).
+    state_shardings: NamedShardings of the TrainState (from `create_train_state`).
+    batch_sharding: sharding (or pytree prefix of shardings) of the global batch.
+    donate: donate the input state buffers (the default; the caller must not reuse them).
+  """
+  def step(state: TrainState, batch):
+    key = state.key()
+
+    def objective(params):
+      model = modeldef.merge(params, state.model_state)
+      model.train()
+      loss, metrics = loss_fn(model, batch, key)
+      return loss, (metrics, modeldef.split(model)[1])
+
+    (loss, (metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    out = {"train/loss": loss, "train/grad_norm": optax.global_norm(grads), "train/lr": schedule(state.step)}
+    out.update({f"train/{k}": jnp.asarray(v, jnp.float32) for k, v in metrics.items()})
+    new = state.replace(step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state)
+    return new, out
+
+  return jax.jit(step, in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None),
+                 donate_argnums=(0,) if donate else ())
+
+
+def make_eval_step(modeldef: ModelDef, eval_fn: EvalFn, state_shardings: TrainState,
+                   batch_sharding: Any) -> Callable[[TrainState, Any, jax.Array], tuple[dict, jax.Array]]:
+  """Builds `eval_step(state, batch, mask) -> ({name: masked sum}, number of real examples)`.
+
+  `eval_fn(model, batch)` returns per-example values of shape (batch,); padded examples (mask 0) of the
+  last eval batch are excluded, so the loop's averages are exact over the eval set.
+  """
+  def step(state: TrainState, batch, mask):
+    model = modeldef.merge(state.params, state.model_state)
+    model.eval()
+    values = eval_fn(model, batch)
+    sums = {k: jnp.sum(jnp.asarray(v, jnp.float32) * mask) for k, v in values.items()}
+    return sums, jnp.sum(mask)
+
+  return jax.jit(step, in_shardings=(state_shardings, batch_sharding, batch_sharding))

@@ -1,0 +1,6 @@
+"""Pallas kernels beside their pure-JAX references (installed as `jaxlab.kernels`).
+
+Each kernel lives in `kernels/<op>/`: `reference.py` (pure jnp, the spec), `kernel.py` (Pallas with
+BlockSizes), `ops.py` (dispatcher: impl in auto|xla|pallas|interpret, custom_vjp), `bench.py`
+(`BENCHMARKS` for `python -m jaxlab.bench`), and `__init__.py` re-exporting the op.
+"""

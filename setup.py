@@ -1,0 +1,39 @@
+"""Installs one namespace, `jaxlab`: the library, plus kernels/ as jaxlab.kernels and experiments/ as
+jaxlab.experiments (generic top-level names such as `kernels` or `experiments` would clash on PyPI)."""
+
+from setuptools import find_packages, setup
+
+ROOTS = {"jaxlab": "jaxlab", "jaxlab.kernels": "kernels", "jaxlab.experiments": "experiments"}
+
+
+def _packages():
+  out = []
+  for name, folder in ROOTS.items():
+    out += [name] + [f"{name}.{sub}" for sub in find_packages(folder)]
+  return sorted(set(out))
+
+
+# One extra per optional dependency group; later papers add theirs here (and to "all").
+EXTRAS = {
+    "tensorboard": ["tensorboardX>=2.6"],
+}
+EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
+EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1"]
+
+setup(
+    name="jaxlab",
+    version="0.1.0",
+    description="Accelerator-first JAX/Flax implementations of ICML 2026 papers with reproducible claims",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=_packages(),
+    package_dir=ROOTS,
+    package_data={"jaxlab.experiments": ["*/README.md"], "jaxlab.kernels": ["*/README.md"]},
+    install_requires=[
+        "jax>=0.8", "flax>=0.12", "optax>=0.2.4", "orbax-checkpoint>=0.11", "chex>=0.1.89",
+        "ml-collections>=1.0", "tensorflow-datasets>=4.9.7", "numpy>=1.26", "scipy>=1.11", "tqdm>=4.66",
+        "matplotlib>=3.8", "scikit-learn>=1.3",
+    ],
+    extras_require=EXTRAS,
+)
