@@ -89,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.keep_checkpoints = 2
   c.async_checkpoint = True
   c.init_from = ""            # checkpoint dir or workdir to take initial params from ("" = scratch)
-  c.tensorboard = False       # also write TensorBoard events (needs tensorboardX)
+  c.tensorboard = True        # also write TensorBoard events to workdir/tb when tensorboardX is installed
   c.optimizer = ml_collections.ConfigDict(dict(
       name="adamw", learning_rate=1e-3, schedule="constant", warmup_steps=0, end_lr_ratio=0.0,
       weight_decay=0.0, b1=0.9, b2=0.999, eps=1e-8, momentum=0.0, nesterov=False, clip_norm=0.0))

@@ -8,13 +8,12 @@ checkpoint) are dropped, so the file always reads as one uninterrupted run.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from typing import Any, Mapping
 
 import jax
-
-from jaxlab.errors import require
 
 
 def is_main_process() -> bool:
@@ -55,8 +54,8 @@ class MetricWriter:
     workdir: run directory.
     resume_step: the step the run restarts from; rows with a larger step are dropped (None or 0: a fresh
       run, the file is started anew).
-    tensorboard: also write TensorBoard events to `workdir/tb` (needs tensorboardX: pip install
-      'jaxlab[tensorboard]').
+    tensorboard: also write TensorBoard events to `workdir/tb` when tensorboardX is installed
+      (pip install 'jaxlab[tensorboard]'); without it only metrics.jsonl is written.
   """
 
   def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = False):
@@ -70,8 +69,12 @@ class MetricWriter:
     with open(self.path, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
     if tensorboard:
-      tbx = require("tensorboardX", "tensorboard")
-      self._tb = tbx.SummaryWriter(os.path.join(workdir, "tb"))
+      try:
+        import tensorboardX  # pylint: disable=g-import-not-at-top
+      except ImportError:
+        logging.getLogger("jaxlab").info("tensorboardX not installed; writing metrics.jsonl only")
+      else:
+        self._tb = tensorboardX.SummaryWriter(os.path.join(workdir, "tb"))
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> None:
     """Appends one row `{"step": step, **metrics}` (values converted to Python floats)."""

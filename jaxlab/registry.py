@@ -52,7 +52,11 @@ class Experiment:
 
 def names() -> list[str]:
   """Names of the experiments installed under `jaxlab.experiments`."""
-  pkg = importlib.import_module(PACKAGE)
+  try:
+    pkg = importlib.import_module(PACKAGE)
+  except ModuleNotFoundError:
+    raise ConfigError("jaxlab.experiments is not importable: install the checkout first (pip install -e .), "
+                      "setup.py maps experiments/ to jaxlab.experiments") from None
   return sorted(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg and not m.name.startswith("_"))
 
 
@@ -74,6 +78,8 @@ def load(name_or_path: str) -> Experiment:
     return _from_folder(path)
   if name_or_path in names():
     return _from_package(name_or_path)
+  if base in names():  # e.g. "experiments/<p>/config.py" typed outside a checkout (installed package)
+    return _from_package(base)
   raise ConfigError(f"unknown experiment {name_or_path!r}; known: {', '.join(names()) or 'none'} "
                     "(or pass a folder holding config.py and train.py)")
 

@@ -69,6 +69,11 @@ def test_run_writes_records_and_learns(reference):
   assert sorted(int(s) for s in os.listdir(wd / "checkpoints") if s.isdigit()) == [30, 40]  # keep 2
   assert summary["step"] == 40 and summary["eval/accuracy"] > 0.8 and summary["mesh"] == {"data": 4, "model": 2}
   assert metrics.read_json(str(wd / "summary.json"))["eval/accuracy"] == summary["eval/accuracy"]
+  try:
+    import tensorboardX  # noqa: F401
+  except ImportError:
+    return
+  assert os.listdir(wd / "tb"), "tensorboardX is installed but no events were written"
 
 
 def test_sharded_4x2_matches_single_device(toy, tmp_path, reference):
@@ -151,3 +156,24 @@ def test_init_from_takes_params_only(toy, tmp_path, reference):
 def test_nan_guard_names_metric_and_step(toy, tmp_path):
   with pytest.raises(NonFiniteError, match=r"train/\S+ became (nan|inf|-inf) at step \d+; lower config.optimizer"):
     _run(toy, tmp_path / "nan", **{"optimizer.name": "sgd", "optimizer.learning_rate": 1e30})
+
+
+def test_sigterm_saves_a_checkpoint_then_stops(toy, tmp_path):
+  import signal
+  from jaxlab.train import Preempted
+
+  def preempt(step, st):
+    if step == 7:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  with pytest.raises(Preempted):
+    _run(toy, tmp_path / "pre", hooks=[preempt])
+  assert ckpt_lib.Checkpointer(str(tmp_path / "pre" / "checkpoints")).latest_step() == 7
+
+
+def test_progress_bar_switch(monkeypatch):
+  from jaxlab import progress
+  monkeypatch.setenv("JAXLAB_PROGRESS", "1")
+  assert progress.enabled() and not progress.bar(10).disable
+  monkeypatch.setenv("JAXLAB_PROGRESS", "0")
+  assert not progress.enabled() and progress.bar(10).disable

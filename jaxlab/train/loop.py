@@ -150,16 +150,11 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
     if ckpt.latest_step() != step and not _deleted(state):
       ckpt.save(step, state, meta, force=True)
       log.warning("interrupted at step %d; checkpoint saved, rerun the same command to resume", step)
+    raise
+  finally:
     ckpt.close()
     bar.close()
-    raise
-  except BaseException:
-    ckpt.close()
-    bar.close()
-    raise
-  ckpt.close()
-  bar.close()
-  writer.close()
+    writer.close()
   summary.update(step=step, **last_train, **last_eval, wall_s=time.time() - t_start)
   metrics_lib.write_json(summary_path, summary)
   return state, summary
