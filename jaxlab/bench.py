@@ -2,10 +2,13 @@
 
     python -m jaxlab.bench [NAME ...] [--iters 20] [--peak_tflops X --peak_gbps Y] [--json OUT]
 
-Each kernel package `jaxlab.kernels.<op>` may define `BENCHMARKS` (a list of `Benchmark`) in its
-`bench.py`; `matmul` is built in as a calibration point. The roofline time of a case is
-max(flops / peak FLOP/s, bytes / peak bandwidth); the peaks come from a table of known accelerators
-(override with --peak_tflops / --peak_gbps; on CPU there is no default, so the fraction is left blank).
+Each kernel package `jaxlab.kernels.<op>` may define `BENCHMARKS` in its `bench.py`: a list of dicts with
+the fields of `Benchmark` (plain dicts, since kernels do not import the library); `matmul` is built in as a calibration point. The roofline time of a case is
+max(flops / peak FLOP/s, bytes / peak bandwidth, transcendentals / peak special-function rate); the peaks
+come from a table of known accelerators (override with --peak_tflops / --peak_gbps / --peak_tsps; on CPU
+there is no default, so the fraction is left blank). Each row also reports the compiled program's temporary
+memory (XLA's memory analysis: the extra device memory beyond inputs and outputs) and, when the
+benchmark names a baseline impl, the speed-up over it.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from typing import Any, Callable, Sequence
 
 from jaxlab import cli
 
-# Dense peak (TFLOP/s in the dtype most kernels use: bf16) and HBM bandwidth (GB/s) by device kind.
+# Dense peak (TFLOP/s in the dtype most kernels use: bf16), HBM bandwidth (GB/s) and special-function
+# (exp, ...) throughput (T/s; NVIDIA: 16 MUFU ops/clock/SM, ~3.9 T/s on H100/H200 as quoted by the
+# FlashAttention-3 paper, ~2.4 T/s on A100; unknown on TPU) by device kind.
 PEAKS = {
-    "H200": (989.0, 4800.0), "H100": (989.0, 3350.0), "A100": (312.0, 2039.0),
-    "TPU v4": (275.0, 1228.0), "TPU v5 lite": (197.0, 819.0), "TPU v5e": (197.0, 819.0),
-    "TPU v5p": (459.0, 2765.0), "TPU v6 lite": (918.0, 1640.0), "TPU v6e": (918.0, 1640.0),
+    "H200": (989.0, 4800.0, 3.9), "H100": (989.0, 3350.0, 3.9), "A100": (312.0, 2039.0, 2.4),
+    "TPU v4": (275.0, 1228.0, None), "TPU v5 lite": (197.0, 819.0, None), "TPU v5e": (197.0, 819.0, None),
+    "TPU v5p": (459.0, 2765.0, None), "TPU v6 lite": (918.0, 1640.0, None), "TPU v6e": (918.0, 1640.0, None),
 }
 
 
@@ -34,15 +39,21 @@ class Benchmark:
   """One benchmark case.
 
   Attributes:
-    name: "<kernel>/<case>", e.g. "selective_scan/b8_l2048_d1024".
-    setup: `() -> {impl_name: zero-arg callable returning arrays}`; each callable is timed.
+    name: "<kernel>/<case>", e.g. "selective_scan/fwd".
+    setup: `() -> {impl_name: (jitted fn, args)}`; `fn(*args)` is timed.
     flops: floating-point operations of one call.
     bytes: bytes that must move to/from memory in one call (the memory-bound roofline).
+    transcendentals: special-function evaluations (exp, log, ...) of one call.
+    baseline: impl name the others' speed-up is reported against (optional).
+    shape: text describing the problem size (shown in the report).
   """
   name: str
-  setup: Callable[[], dict[str, Callable[[], Any]]]
+  setup: Callable[[], dict[str, tuple[Callable[..., Any], tuple]]]
   flops: float
   bytes: float
+  transcendentals: float = 0.0
+  baseline: str | None = None
+  shape: str = ""
 
 
 def _matmul(n: int = 1024) -> Benchmark:
@@ -50,9 +61,8 @@ def _matmul(n: int = 1024) -> Benchmark:
     import jax
     import jax.numpy as jnp
     a = jnp.ones((n, n), jnp.float32)
-    f = jax.jit(lambda x: x @ x)
-    return {"xla": lambda: f(a)}
-  return Benchmark(f"matmul/n{n}_f32", setup, flops=2.0 * n ** 3, bytes=3 * 4.0 * n * n)
+    return {"xla": (jax.jit(lambda x: x @ x), (a,))}
+  return Benchmark(f"matmul/n{n}_f32", setup, flops=2.0 * n ** 3, bytes=3 * 4.0 * n * n, shape=f"{n}x{n}")
 
 
 def discover() -> list[Benchmark]:
@@ -68,16 +78,34 @@ def discover() -> list[Benchmark]:
       if e.name != f"jaxlab.kernels.{m.name}.bench":
         raise
       continue
-    found += list(getattr(mod, "BENCHMARKS", []))
+    found += [b if isinstance(b, Benchmark) else Benchmark(**b) for b in getattr(mod, "BENCHMARKS", [])]
   return found
 
 
-def peaks(device_kind: str) -> tuple[float | None, float | None]:
-  """(TFLOP/s, GB/s) for a device kind from PEAKS, or (None, None)."""
+def peaks(device_kind: str) -> tuple[float | None, float | None, float | None]:
+  """(TFLOP/s, GB/s, special-function T/s) for a device kind from PEAKS, or Nones."""
   for key, val in PEAKS.items():
     if key.lower() in device_kind.lower():
       return val
-  return None, None
+  return None, None, None
+
+
+def roofline_seconds(b: Benchmark, pf, pb, pt) -> float | None:
+  """Lower bound on one call's time from the peaks (None when the FLOP or bandwidth peak is unknown)."""
+  if not (pf and pb):
+    return None
+  t = max(b.flops / (pf * 1e12), b.bytes / (pb * 1e9))
+  if pt and b.transcendentals:
+    t = max(t, b.transcendentals / (pt * 1e12))
+  return t
+
+
+def temp_bytes(fn, args) -> int | None:
+  """Temporary device memory of the compiled call (XLA memory analysis), if the backend reports it."""
+  try:
+    return int(fn.lower(*args).compile().memory_analysis().temp_size_in_bytes)
+  except Exception:  # not every backend implements memory_analysis
+    return None
 
 
 def time_call(fn: Callable[[], Any], iters: int = 20, warmup: int = 2) -> float:
@@ -94,25 +122,30 @@ def time_call(fn: Callable[[], Any], iters: int = 20, warmup: int = 2) -> float:
 
 
 def run(names: Sequence[str] = (), iters: int = 20, peak_tflops: float | None = None,
-        peak_gbps: float | None = None) -> list[dict]:
+        peak_gbps: float | None = None, peak_tsps: float | None = None) -> list[dict]:
   """Runs the selected benchmarks (all when `names` is empty or contains "all"); returns result rows."""
   import jax
   from jaxlab.errors import ConfigError
   kind = jax.devices()[0].device_kind
-  pf, pb = peaks(kind)
-  pf, pb = peak_tflops or pf, peak_gbps or pb
+  pf, pb, pt = peaks(kind)
+  pf, pb, pt = peak_tflops or pf, peak_gbps or pb, peak_tsps or pt
   selected = [b for b in discover()
               if not names or "all" in names or any(b.name == n or b.name.startswith(n + "/") for n in names)]
   if not selected:
     raise ConfigError(f"no benchmark matches {list(names)}; available: {', '.join(b.name for b in discover())}")
   rows = []
   for b in selected:
-    roof = max(b.flops / (pf * 1e12), b.bytes / (pb * 1e9)) if pf and pb else None
-    for impl, fn in b.setup().items():
-      t = time_call(fn, iters)
-      rows.append({"name": b.name, "impl": impl, "device": kind, "median_s": t,
+    roof = roofline_seconds(b, pf, pb, pt)
+    case = []
+    for impl, (fn, args) in b.setup().items():
+      t = time_call(lambda: fn(*args), iters)  # noqa: B023
+      case.append({"name": b.name, "shape": b.shape, "impl": impl, "device": kind, "median_s": t,
                    "tflops": b.flops / t / 1e12, "gbps": b.bytes / t / 1e9,
-                   "roofline_fraction": (roof / t) if roof else None})
+                   "roofline_fraction": (roof / t) if roof else None, "temp_bytes": temp_bytes(fn, args)})
+    base = next((r["median_s"] for r in case if r["impl"] == b.baseline), None)
+    for r in case:
+      r["speedup_vs_baseline"] = base / r["median_s"] if base else None
+    rows += case
   return rows
 
 
@@ -122,13 +155,18 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--iters", type=int, default=20)
   parser.add_argument("--peak_tflops", type=float, default=None)
   parser.add_argument("--peak_gbps", type=float, default=None)
+  parser.add_argument("--peak_tsps", type=float, default=None, help="special functions, T/s")
   parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
-  rows = run(args.names, args.iters, args.peak_tflops, args.peak_gbps)
-  print(f"{'benchmark':40s} {'impl':10s} {'median':>10s} {'TFLOP/s':>9s} {'GB/s':>8s} {'roofline':>9s}")
+  rows = run(args.names, args.iters, args.peak_tflops, args.peak_gbps, args.peak_tsps)
+  print(f"{'benchmark':28s} {'impl':12s} {'median':>11s} {'GB/s':>8s} {'roofline':>9s} {'temp MiB':>9s} "
+        f"{'speed-up':>9s}  shape")
   for r in rows:
     frac = "" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.1f}%"
-    print(f"{r['name']:40s} {r['impl']:10s} {r['median_s'] * 1e3:9.3f}ms {r['tflops']:9.3f} {r['gbps']:8.1f} {frac:>9s}")
+    mem = "" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.1f}"
+    up = "" if r["speedup_vs_baseline"] is None else f"{r['speedup_vs_baseline']:.2f}x"
+    print(f"{r['name']:28s} {r['impl']:12s} {r['median_s'] * 1e3:9.3f}ms {r['gbps']:8.1f} {frac:>9s} {mem:>9s} "
+          f"{up:>9s}  {r['shape']}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=2)

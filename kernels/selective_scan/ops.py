@@ -150,3 +150,33 @@ def _bwd(module, softplus, bs, interpret, saved, cts):
 
 
 _scan_vjp.defvjp(_fwd, _bwd)
+
+
+def sharded(mesh, *, batch_axis="data", dim_axis="model", **kwargs):
+  """`selective_scan` over arrays sharded on a mesh: batch over `batch_axis`, channels over `dim_axis`.
+
+  The Pallas call runs per shard inside `jax.shard_map` (channels are independent, so no communication
+  is needed in the forward; gradients of the replicated B and C are summed over `dim_axis` by shard_map's
+  transpose).
+
+  Args:
+    mesh: a `jax.sharding.Mesh` holding both axes (either may be None to leave that dim unsharded).
+    batch_axis, dim_axis: mesh axis names.
+    **kwargs: keyword arguments of `selective_scan` (delta_softplus, return_last_state, impl, block_sizes).
+
+  Returns:
+    fn(u, delta, A, B, C, D=None, z=None, delta_bias=None) with the semantics of `selective_scan`.
+  """
+  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  seq, state_seq, chan = P(batch_axis, None, dim_axis), P(batch_axis, None, None), P(dim_axis)
+  last = kwargs.get("return_last_state", False)
+  out_specs = (seq, P(batch_axis, dim_axis, None)) if last else seq
+
+  def fn(u, delta, A, B, C, D=None, z=None, delta_bias=None):
+    def local(u, delta, A, B, C, D, z, delta_bias):
+      return selective_scan(u, delta, A, B, C, D, z, delta_bias, **kwargs)
+    in_specs = (seq, seq, P(dim_axis, None), state_seq, state_seq, chan, seq, chan)
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+                         check_vma=False)(u, delta, A, B, C, D, z, delta_bias)
+
+  return fn
