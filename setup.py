@@ -16,6 +16,7 @@ def _packages():
 # One extra per optional dependency group; later papers add theirs here (and to "all").
 EXTRAS = {
     "tensorboard": ["tensorboardX>=2.6"],
+    "hf": ["safetensors>=0.4"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1"]

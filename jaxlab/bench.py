@@ -65,9 +65,16 @@ def _matmul(n: int = 1024) -> Benchmark:
   return Benchmark(f"matmul/n{n}_f32", setup, flops=2.0 * n ** 3, bytes=3 * 4.0 * n * n, shape=f"{n}x{n}")
 
 
+# Library modules with BENCHMARKS (scaling studies that are not single kernels).
+LIBRARY_BENCH_MODULES = ("jaxlab.graphs.bench",)
+
+
 def discover() -> list[Benchmark]:
-  """Built-in benchmarks plus `BENCHMARKS` of every `jaxlab.kernels.<op>.bench` module."""
+  """Built-in benchmarks, `BENCHMARKS` of every `jaxlab.kernels.<op>.bench`, and the library's."""
   found = [_matmul()]
+  for name in LIBRARY_BENCH_MODULES:
+    found += [b if isinstance(b, Benchmark) else Benchmark(**b)
+              for b in getattr(importlib.import_module(name), "BENCHMARKS", [])]
   kernels = importlib.import_module("jaxlab.kernels")
   for m in pkgutil.iter_modules(kernels.__path__):
     if not m.ispkg:
@@ -137,14 +144,19 @@ def run(names: Sequence[str] = (), iters: int = 20, peak_tflops: float | None = 
   for b in selected:
     roof = roofline_seconds(b, pf, pb, pt)
     case = []
-    for impl, (fn, args) in b.setup().items():
+    for impl, entry in b.setup().items():
+      if isinstance(entry, str):  # the benchmark refused this impl at this size (e.g. would not fit)
+        case.append({"name": b.name, "shape": b.shape, "impl": impl, "device": kind, "median_s": None,
+                     "tflops": None, "gbps": None, "roofline_fraction": None, "temp_bytes": None, "note": entry})
+        continue
+      fn, args = entry
       t = time_call(lambda: fn(*args), iters)  # noqa: B023
       case.append({"name": b.name, "shape": b.shape, "impl": impl, "device": kind, "median_s": t,
-                   "tflops": b.flops / t / 1e12, "gbps": b.bytes / t / 1e9,
+                   "tflops": b.flops / t / 1e12, "gbps": b.bytes / t / 1e9, "note": "",
                    "roofline_fraction": (roof / t) if roof else None, "temp_bytes": temp_bytes(fn, args)})
     base = next((r["median_s"] for r in case if r["impl"] == b.baseline), None)
     for r in case:
-      r["speedup_vs_baseline"] = base / r["median_s"] if base else None
+      r["speedup_vs_baseline"] = base / r["median_s"] if base and r["median_s"] else None
     rows += case
   return rows
 
@@ -162,6 +174,9 @@ def main(argv: list[str]) -> int:
   print(f"{'benchmark':28s} {'impl':12s} {'median':>11s} {'GB/s':>8s} {'roofline':>9s} {'temp MiB':>9s} "
         f"{'speed-up':>9s}  shape")
   for r in rows:
+    if r["median_s"] is None:
+      print(f"{r['name']:28s} {r['impl']:12s} {r['note']}")
+      continue
     frac = "" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.1f}%"
     mem = "" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.1f}"
     up = "" if r["speedup_vs_baseline"] is None else f"{r['speedup_vs_baseline']:.2f}x"

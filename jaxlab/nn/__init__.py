@@ -1,5 +1,6 @@
 """Shared Flax NNX modules, grouped by domain (papers add theirs here when a second paper can use them)."""
 
+from jaxlab.nn.mamba import MambaBlock, MambaLayer, MambaLM, RMSNorm
 from jaxlab.nn.mlp import MLP
 
-__all__ = ["MLP"]
+__all__ = ["MLP", "MambaBlock", "MambaLM", "MambaLayer", "RMSNorm"]

@@ -1,0 +1,171 @@
+"""SWING: Space Walks for Implicit Network Graphs (Manenti, Dubey, Sehanobish, Alippi, Choromanski;
+ICML 2026, arXiv 2602.12703). GRFs on an i-graph without materialising it.
+
+RECONSTRUCTED (the paper's body was not accessible; see experiments/swing/README.md): the walk proposes
+the next node from a random-feature linearisation of the edge weight, W(x, y) ~ phi(x).phi(y) with m
+positive random features of a Gaussian kernel (importance-sampled frequencies with temperature sigma2),
+so that q(u | v) = phi(x_v).phi(x_u) / phi(x_v).S, S = sum_u phi(x_u), costs O(m) per step after an
+O(N m) precomputation: the step draws a feature by Gumbel-max over log phi_r(x_v) + log S_r, then a node
+from that feature's distribution phi_r(x_u) / S_r (inverse CDF), mixed with a uniform node (defensive
+mixing, weight 1 - lam) so that importance weights stay bounded. The load is updated with the TRUE
+implicit weight W(x_v, x_u) (O(d)), so the GRF estimator stays unbiased whatever the quality of the
+features; the features only set the variance. For step-function graphs (eps, smooth_step) the proposal
+linearises a Gaussian surrogate of bandwidth `proposal_bandwidth` (the proposal need not equal W).
+
+The fused step is `jaxlab.kernels.gumbel_rf.walk_step` (Pallas kernel on GPU). `relaxed_step` is the
+Gumbel-softmax "space walk": a differentiable move of a continuous point to a convex combination of the
+features' node centroids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+from jaxlab.features import gaussian_omegas, log_positive_features
+from jaxlab.graphs import grf
+from jaxlab.graphs.igraph import IGraph
+from jaxlab.kernels import gumbel_rf
+
+
+@dataclasses.dataclass
+class SwingTables:
+  """Precomputed O(N m) components of the RF proposal.
+
+  Attributes:
+    log_phi: (N, m) log random features of the nodes.
+    log_s: (m,) log sum_u phi(x_u).
+    cdf: (m, N) per-feature CDF over nodes.
+    centroids: (m, d) per-feature node centroids sum_u p_r(u) x_u (for the relaxed walk).
+    omega: (m, d) frequencies; log_w: (m,) their log importance weights; bandwidth: proposal bandwidth;
+      center: (d,) the point the features are centred at.
+  """
+  log_phi: jax.Array
+  log_s: jax.Array
+  cdf: jax.Array
+  centroids: jax.Array
+  omega: jax.Array
+  log_w: jax.Array
+  bandwidth: float
+  center: jax.Array
+
+
+def precompute(key: jax.Array, x_nd: jax.Array, bandwidth: float, m: int, sigma2: float = 1.0,
+               orthogonal: bool = True) -> SwingTables:
+  """Random features of all nodes and the per-feature node distributions (O(N m) time and memory).
+
+  Args:
+    key: PRNG key of the frequencies.
+    x_nd: (N, d) node features.
+    bandwidth: length scale of the Gaussian kernel the proposal linearises.
+    m: number of random features.
+    sigma2: importance-sampling temperature of the frequencies.
+    orthogonal: block-orthogonal frequencies.
+  """
+  omega, log_w = gaussian_omegas(key, m, x_nd.shape[1], sigma2, orthogonal)
+  # The Gaussian kernel depends on differences only, so the features are computed on centred points:
+  # positive features' variance grows like exp(||x||^2), and centring makes the norms as small as possible.
+  center = jnp.mean(x_nd, axis=0)
+  log_phi = log_positive_features((x_nd - center) / bandwidth, omega, log_w)
+  log_s = jax.nn.logsumexp(log_phi, axis=0)
+  p = jnp.exp(log_phi - log_s[None, :]).T                                       # (m, N)
+  cdf = jnp.cumsum(p, axis=1)
+  cdf = cdf / cdf[:, -1:]
+  return SwingTables(log_phi=log_phi, log_s=log_s, cdf=cdf, centroids=p @ x_nd, omega=omega, log_w=log_w,
+                     bandwidth=float(bandwidth), center=center)
+
+
+def swing_step(graph: IGraph, tables: SwingTables, x_nd: jax.Array, seed: int, *, lam: float, p_halt: float,
+               impl: str = "auto") -> grf.StepFn:
+  """The GRF step function that proposes with the RF-linearised kernel (fused kernel `gumbel_rf`).
+
+  The walk engine passes `(key, cur, load)`; the step number is folded into `key`, so here the hash counter
+  `step` is derived from it (the kernel's bits depend only on (seed, step, walker id)).
+  """
+  kw = dict(kind=graph.kind, bandwidth=graph.bandwidth, eps=graph.eps, sharpness=graph.sharpness,
+            scale=graph.scale, lam=lam, p_halt=p_halt)
+
+  def step(key, cur, load, walker_ids):
+    ctr = jax.random.bits(key, (), jnp.uint32)
+    nxt, new_load, _, _ = gumbel_rf.walk_step(cur, load, walker_ids, jnp.uint32(seed), ctr, tables.log_phi,
+                                              tables.log_s, tables.cdf, x_nd, impl=impl, **kw)
+    return nxt, new_load
+  return step
+
+
+@functools.partial(jax.jit, static_argnames=("graph", "n_walks", "t_max", "p_halt", "m", "sigma2", "lam",
+                                             "proposal_bandwidth", "impl", "orthogonal", "mesh", "walker_axis"))
+def swing_features(key: jax.Array, x_nd: jax.Array, graph: IGraph, f_mod, *, n_walks: int, t_max: int,
+                   p_halt: float, m: int, sigma2: float = 1.0, lam: float = 0.8,
+                   proposal_bandwidth: float | None = None, impl: str = "auto", orthogonal: bool = True,
+                   mesh: Mesh | None = None, walker_axis: str = "data") -> grf.WalkFeatures:
+  """SWING GRFs of every node: (N, n_walks, t_max + 1) sparse features, no N x N array anywhere (jitted;
+  one compilation per distinct static setting).
+
+  Args:
+    key: PRNG key (features and walks); two independent ensembles need two keys.
+    x_nd: (N, d) node features.
+    graph: the i-graph (true weights in the load).
+    f_mod: modulation function f(0..t_max) (`grf.modulation_from_alpha`).
+    n_walks, t_max, p_halt: walk ensemble.
+    m, sigma2, orthogonal: random features of the proposal.
+    lam: defensive mixing weight of the RF proposal (1 - lam uniform).
+    proposal_bandwidth: bandwidth of the Gaussian the proposal linearises (default: the RBF bandwidth,
+      or eps / 2 for step graphs).
+    impl: kernel impl ("auto", "xla", "pallas", "interpret").
+    mesh: optional mesh; walkers are split over `walker_axis` with `jax.shard_map` (results identical to
+      the unsharded run: all randomness is a function of the walker id).
+    walker_axis: mesh axis for walkers.
+  """
+  n = x_nd.shape[0]
+  k_feat, k_walk, k_seed = jax.random.split(key, 3)
+  bw = proposal_bandwidth or (graph.bandwidth if graph.kind == "rbf" else graph.eps / 2.0)
+  tables = precompute(k_feat, x_nd, bw, m, sigma2, orthogonal)
+  seed = jax.random.bits(k_seed, (), jnp.uint32)
+  step = swing_step(graph, tables, x_nd, seed, lam=lam, p_halt=p_halt, impl=impl)
+
+  def walks(walker_ids):
+    return grf.run_walks(k_walk, n, n_walks, t_max, p_halt, f_mod,
+                         lambda k, c, l: step(k, c, l, walker_ids), walker_ids=walker_ids)
+
+  ids = jnp.arange(n * n_walks, dtype=jnp.int32)
+  if mesh is None or mesh.shape.get(walker_axis, 1) == 1:
+    return walks(ids)
+  split = mesh.shape[walker_axis]
+  if n % split:
+    raise ValueError(f"swing_features: N={n} nodes do not split over {split} devices on mesh axis "
+                     f"'{walker_axis}'; use a node count divisible by {split}")
+  spec = P(walker_axis)
+  out = jax.shard_map(lambda i: dataclasses.astuple(walks(i)), mesh=mesh, in_specs=spec,
+                      out_specs=(spec, spec), check_vma=False)(ids)
+  return grf.WalkFeatures(*out)
+
+
+def relaxed_step(key: jax.Array, point_bd: jax.Array, tables: SwingTables, tau: float = 0.5) -> jax.Array:
+  """Gumbel-softmax space walk: move continuous points to convex combinations of feature centroids.
+
+  The feature logits at a point p are log phi_r(p) + log S_r (the same as the hard step's); a
+  Gumbel-softmax sample y (temperature tau) over features moves the point to sum_r y_r c_r, where
+  c_r = sum_u p_r(u) x_u. As tau -> 0 the expected move equals the hard proposal's expected next point
+  (without the defensive mixture). Differentiable in the point and the tables. (Reconstructed from the
+  paper's abstract: "walks in continuous spaces" with "Gumbel-softmax sampling".)
+
+  Args:
+    key: PRNG key.
+    point_bd: (B, d) current points.
+    tables: SWING tables from `precompute`.
+    tau: Gumbel-softmax temperature.
+
+  Returns:
+    (B, d) next points.
+  """
+  logits = (log_positive_features((point_bd - tables.center) / tables.bandwidth, tables.omega, tables.log_w)
+            + tables.log_s[None, :])
+  g = jax.random.gumbel(key, logits.shape)
+  y = jax.nn.softmax((logits + g) / tau, axis=-1)
+  return y @ tables.centroids
