@@ -17,6 +17,7 @@ def _packages():
 EXTRAS = {
     "tensorboard": ["tensorboardX>=2.6"],
     "hf": ["safetensors>=0.4"],
+    "tokenizers": ["tokenizers>=0.15"],
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1"]

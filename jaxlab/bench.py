@@ -46,6 +46,7 @@ class Benchmark:
     transcendentals: special-function evaluations (exp, log, ...) of one call.
     baseline: impl name the others' speed-up is reported against (optional).
     shape: text describing the problem size (shown in the report).
+    count, unit: items processed per call (e.g. 16384 "tok") for a throughput column (optional).
   """
   name: str
   setup: Callable[[], dict[str, tuple[Callable[..., Any], tuple]]]
@@ -54,6 +55,8 @@ class Benchmark:
   transcendentals: float = 0.0
   baseline: str | None = None
   shape: str = ""
+  count: float = 0.0
+  unit: str = ""
 
 
 def _matmul(n: int = 1024) -> Benchmark:
@@ -66,7 +69,7 @@ def _matmul(n: int = 1024) -> Benchmark:
 
 
 # Library modules with BENCHMARKS (scaling studies that are not single kernels).
-LIBRARY_BENCH_MODULES = ("jaxlab.graphs.bench",)
+LIBRARY_BENCH_MODULES = ("jaxlab.graphs.bench", "jaxlab.lm.bench")
 
 
 def discover() -> list[Benchmark]:
@@ -153,6 +156,7 @@ def run(names: Sequence[str] = (), iters: int = 20, peak_tflops: float | None = 
       t = time_call(lambda: fn(*args), iters)  # noqa: B023
       case.append({"name": b.name, "shape": b.shape, "impl": impl, "device": kind, "median_s": t,
                    "tflops": b.flops / t / 1e12, "gbps": b.bytes / t / 1e9, "note": "",
+                   "throughput": (b.count / t) if b.count else None, "unit": b.unit,
                    "roofline_fraction": (roof / t) if roof else None, "temp_bytes": temp_bytes(fn, args)})
     base = next((r["median_s"] for r in case if r["impl"] == b.baseline), None)
     for r in case:
@@ -171,8 +175,8 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
   rows = run(args.names, args.iters, args.peak_tflops, args.peak_gbps, args.peak_tsps)
-  print(f"{'benchmark':28s} {'impl':12s} {'median':>11s} {'GB/s':>8s} {'roofline':>9s} {'temp MiB':>9s} "
-        f"{'speed-up':>9s}  shape")
+  print(f"{'benchmark':28s} {'impl':12s} {'median':>11s} {'TFLOP/s':>8s} {'GB/s':>8s} {'roofline':>9s} "
+        f"{'temp MiB':>9s} {'speed-up':>9s} {'rate':>14s}  shape")
   for r in rows:
     if r["median_s"] is None:
       print(f"{r['name']:28s} {r['impl']:12s} {r['note']}")
@@ -180,8 +184,9 @@ def main(argv: list[str]) -> int:
     frac = "" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.1f}%"
     mem = "" if r["temp_bytes"] is None else f"{r['temp_bytes'] / 2**20:.1f}"
     up = "" if r["speedup_vs_baseline"] is None else f"{r['speedup_vs_baseline']:.2f}x"
-    print(f"{r['name']:28s} {r['impl']:12s} {r['median_s'] * 1e3:9.3f}ms {r['gbps']:8.1f} {frac:>9s} {mem:>9s} "
-          f"{up:>9s}  {r['shape']}")
+    rate = "" if not r.get("throughput") else f"{r['throughput']:.4g} {r['unit']}/s"
+    print(f"{r['name']:28s} {r['impl']:12s} {r['median_s'] * 1e3:9.3f}ms {r['tflops']:8.3f} {r['gbps']:8.1f} "
+          f"{frac:>9s} {mem:>9s} {up:>9s} {rate:>14s}  {r['shape']}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump(rows, f, indent=2)

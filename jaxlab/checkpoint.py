@@ -161,3 +161,24 @@ def resolve_init_from(path: str) -> tuple[Checkpointer, int]:
       ckpt.close()
   raise CheckpointError(f"config.init_from={path!r} holds no checkpoint; give a workdir of a finished run "
                         "or its checkpoints/ folder")
+
+
+def load_params(path: str, modeldef) -> tuple[Any, Any]:
+  """The newest checkpoint's (params, model_state) under `path` (a workdir or its checkpoints/ folder).
+
+  For inference after training: `modeldef.merge(*load_params(workdir, modeldef))` is the trained module.
+  Arrays are placed on the first device.
+
+  Raises:
+    CheckpointError: no checkpoint, or one written by a different model.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  ckpt, step = resolve_init_from(path)
+  dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  params, rest = modeldef.abstract()
+  put = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev), t)  # noqa: E731
+  scalar = jax.ShapeDtypeStruct((), jnp.int32, sharding=dev)
+  target = TrainState(step=scalar, params=put(params), model_state=put(rest), opt_state=None, rng=scalar)
+  items, _ = ckpt.restore(step, target, items=("model",))
+  ckpt.close()
+  return items["model"]["params"], items["model"]["model_state"]

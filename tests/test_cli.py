@@ -67,7 +67,8 @@ def test_reproduce_writes_results_and_exit_code(root, tmp_path):
 
 def test_reproduce_list(root):
   r = _cli(root, "jaxlab.reproduce", "--list")
-  assert r.returncode == 0 and r.stdout.startswith("quickstart")
+  names = [line.split()[0] for line in r.stdout.splitlines() if line.strip()]
+  assert r.returncode == 0 and "quickstart" in names and names == sorted(names)
 
 
 def test_sweep_dry_run_and_index(root, tmp_path):

@@ -163,7 +163,8 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
 def fit(config: ml_collections.ConfigDict, workdir: str, *, model_fn: Callable[[nnx.Rngs], nnx.Module],
         loss_fn: step_lib.LossFn, train_source: pipeline.Source, eval_fn: step_lib.EvalFn | None = None,
         eval_source: pipeline.Source | None = None, transform: Callable[[dict], dict] | None = None,
-        hooks: Sequence[Hook] = (), devices: Sequence[Any] | None = None) -> FitResult:
+        hooks: Sequence[Hook] = (), devices: Sequence[Any] | None = None,
+        wrap_optimizer: Callable[[Any], Any] | None = None, initial_params: Any = None) -> FitResult:
   """Supervised training of an NNX model on a device mesh, with eval and checkpoint/resume.
 
   Args:
@@ -178,6 +179,10 @@ def fit(config: ml_collections.ConfigDict, workdir: str, *, model_fn: Callable[[
     transform: host-side batch transform applied to train and eval batches.
     hooks: per-step callables `(step, state)`.
     devices: devices of the mesh (default: all).
+    wrap_optimizer: optional `tx -> tx` applied to the optimizer built from `config.optimizer` (e.g. LoRA's
+      `jaxlab.lm.lora.freeze_base`, which leaves the base weights untouched).
+    initial_params: optional pure-dict params (e.g. a converted pretrained checkpoint) placed on the mesh
+      instead of the random init; a checkpoint in `workdir` (resume) or `config.init_from` still wins.
 
   Returns:
     FitResult with the final state and the summary (also in `workdir/summary.json`).
@@ -188,7 +193,12 @@ def fit(config: ml_collections.ConfigDict, workdir: str, *, model_fn: Callable[[
   rules = config.sharding_rules
   modeldef = ModelDef(model_fn)
   tx, schedule = optim.make_optimizer(config.optimizer, config.num_steps)
+  if wrap_optimizer is not None:
+    tx = wrap_optimizer(tx)
   state, shardings = create_train_state(modeldef, tx, mesh, rules, config.seed)
+  if initial_params is not None:
+    _check_params_match(initial_params, state.params)
+    state = state.replace(params=jax.device_put(initial_params, shardings.params))
   bsh = mesh_lib.batch_sharding(mesh, rules)
   train_step = step_lib.make_train_step(modeldef, loss_fn, tx, schedule, shardings, bsh)
   batcher = pipeline.Batcher(train_source, config.batch_size, seed=config.seed, transform=transform)
@@ -241,6 +251,11 @@ def _flush(pending, writer, step, seconds, check=True) -> dict[str, float]:
     mean["train/steps_per_sec"] = len(values) / max(seconds, 1e-9)
     writer.write(step, mean)
   return mean
+
+
+def _check_params_match(given, expected):
+  from jaxlab.checkpoint import check_signature, signature  # pylint: disable=g-import-not-at-top
+  check_signature(signature({"params": given}), signature({"params": expected}), "initial_params")
 
 
 def _write_config(config, workdir):
