@@ -12,7 +12,6 @@ under `jax.jit(out_shardings=...)` so every leaf is created on its devices.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Sequence
 
 import flax

@@ -6,7 +6,6 @@ Expected: eval/accuracy about 0.97 on the 450 held-out sklearn digits after 300 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax

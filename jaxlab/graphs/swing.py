@@ -24,7 +24,6 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from jaxlab.features import gaussian_omegas, log_positive_features

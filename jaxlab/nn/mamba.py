@@ -39,7 +39,6 @@ format (config.json + *.safetensors, torch (out, in) Linear layout, names `backb
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 import os
@@ -768,40 +767,11 @@ def _read_config(path: str) -> dict[str, Any]:
 
 
 def _read_safetensors(path: str) -> dict[str, np.ndarray]:
-  """All tensors of the *.safetensors files in `path` (numpy; bfloat16 is widened to float32)."""
-  st = require("safetensors", "hf")
-  import safetensors.numpy  # noqa: F401  (submodule)
-  files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-  if not files:
-    raise CheckpointError(f"{path} has no *.safetensors files (PyTorch .bin checkpoints are not read; save "
-                          "them with safe_serialization=True)")
-  out: dict[str, np.ndarray] = {}
-  for f in files:
-    try:
-      out.update(st.numpy.load_file(f))
-    except KeyError:                                          # a dtype numpy lacks (bfloat16)
-      out.update(_load_safetensors_raw(f))
-    except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
-      raise CheckpointError(f"cannot read {f}: {e}") from None
-  return out
+  """All tensors of the *.safetensors files in `path` (numpy; bfloat16 is widened to float32).
 
-
-def _load_safetensors_raw(file: str) -> dict[str, np.ndarray]:
-  """Minimal safetensors reader (8-byte header length, JSON header, raw little-endian data) for BF16."""
-  import ml_dtypes
-  dtypes = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
-            "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
-  with open(file, "rb") as f:
-    n = int.from_bytes(f.read(8), "little")
-    header = json.loads(f.read(n))
-    data = f.read()
-  out = {}
-  for name, info in header.items():
-    if name == "__metadata__":
-      continue
-    if info["dtype"] not in dtypes:
-      raise CheckpointError(f"{file}: tensor '{name}' has unsupported dtype {info['dtype']}")
-    start, end = info["data_offsets"]
-    arr = np.frombuffer(data[start:end], dtype=dtypes[info["dtype"]]).reshape(info["shape"])
-    out[name] = arr.astype(np.float32) if info["dtype"] == "BF16" else arr
-  return out
+  Reading (sharded files, the bf16 fallback, errors) is shared with the transformer loader
+  (`jaxlab.lm.hf.read_safetensors`).
+  """
+  from jaxlab.lm.hf import read_safetensors  # pylint: disable=g-import-not-at-top
+  tensors = read_safetensors(path)
+  return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in tensors.items()}

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import signal
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

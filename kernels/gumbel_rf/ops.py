@@ -8,7 +8,6 @@ and "pallas" raises a ValueError saying so.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from jaxlab.kernels.gumbel_rf import reference
 
