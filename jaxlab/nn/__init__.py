@@ -2,5 +2,6 @@
 
 from jaxlab.nn.mamba import MambaBlock, MambaLayer, MambaLM, RMSNorm
 from jaxlab.nn.mlp import MLP
+from jaxlab.nn.multiscale import CoarseGrain, FractalMamba
 
-__all__ = ["MLP", "MambaBlock", "MambaLM", "MambaLayer", "RMSNorm"]
+__all__ = ["CoarseGrain", "FractalMamba", "MLP", "MambaBlock", "MambaLM", "MambaLayer", "RMSNorm"]
