@@ -1,0 +1,149 @@
+"""PETS: offline (OKG) and online (bucketed) trajectory allocation for test-time self-consistency.
+
+Paper: Liu, Qu, Yin, Sun, Han, Chen, Deng, "PETS: A Principled Framework Towards Optimal Trajectory Allocation
+for Efficient Test-Time Self-Consistency", ICML 2026 (arXiv 2602.16745); official code github.com/ZDCSlab/PETS.
+
+Variants: tiny (198 simulated GPQA-sized questions, 4 options, 64-answer Dirichlet-mixture pools, offline
+budgets 2..32 per question, online average budgets 4..32), small (1000 questions, 128-answer pools, budgets
+up to 64), full (answer pools of a large model in the official PETS JSONL format, e.g. GPQA-Diamond sampled
+64x from Qwen3-8B: `--config.data.pool_file=gpqa_conf_qwen3_64.jsonl`; shuffled multi-runs = seeds).
+`--config.data.pool_file=PATH` switches any variant to a user's pools.
+"""
+
+import ml_collections
+import numpy as np
+
+from jaxlab import claims, configs
+
+SEEDS = (0, 1, 2)
+
+
+def _key(kind, budget):
+  return f"sc_rate/{kind}/B{budget}"
+
+
+def _okg16_vs_uniform32(run):
+  return run[_key("offline", 16)] >= run[_key("uniform", 32)]
+
+
+def _mean_gain(runs):
+  return float(np.mean([r[_key("offline", b)] - r[_key("uniform", b)] for r in runs for b in (4, 8)]))
+
+
+def _online_gain(runs):
+  return float(np.mean([r[_key("online", 16)] - r[_key("uniform_test", 16)] for r in runs]))
+
+
+CLAIMS = [
+    claims.Claim("okg16_ge_uniform32", "offline PETS (OKG) at an average budget of 16 >= uniform at 32, on every seed",
+                 claims.fraction(_okg16_vs_uniform32), ">=", 1.0),
+    claims.Claim("okg_gain_B4_B8", "mean over seeds and budgets {4, 8} of SC(OKG) - SC(uniform)", _mean_gain,
+                 ">=", 0.03),
+    claims.Claim("online_gain_B16", "online policy at average budget 16 minus uniform at 16 (test split, mean of "
+                 "seeds)", _online_gain, ">=", 0.01),
+    claims.Claim("online_spend_B16", "online policy's realised answers per test question at average budget 16 "
+                 "(worst seed, exact)", claims.maximum("budget/online_spent/B16"), "<=", 16.0),
+]
+
+
+def get_config(arg=None):
+  """Variant tiny | small | full (e.g. "tiny" or "variant=full,seed=1")."""
+  arg = configs.parse_arg(arg, variant="tiny", seed=0)
+  c = configs.base_config()
+  c.variant = arg.variant
+  c.seed = arg.seed
+  c.data = ml_collections.ConfigDict(dict(
+      pool_file="",            # official PETS JSONL answer pools; "" = simulate
+      dataset="simulated",     # what the pools are (informational): simulated | gpqa_diamond | aime24 | ...
+      choices="A,B,C,D",       # option names of a multiple-choice file; "" = free-form answers (AIME)
+      max_options=8,           # free form: distinct answers kept per question
+      conf_metric="mean_confidence",
+      shuffle=False,           # shuffle each file pool by the seed (the official multi-run protocol)
+      relabel_mv=False,        # pseudo-label = majority of the (shuffled, truncated) pool instead of `final`
+      pool_size=64,            # simulated pool size; for files: keep the first pool_size answers (0 = all)
+      num_questions=198, num_options=4, easy_prob=0.7, easy_alpha=(20.0, 1.0, 1.0, 1.0),
+      hard_alpha=(5.0, 2.0, 1.0, 1.0)))
+  c.method = ml_collections.ConfigDict(dict(
+      budgets=(2, 4, 8, 12, 16, 24, 32),   # average answers per question at which offline/uniform are scored
+      nsamples=500, c=1.0, batch_size=1, warm_up=1, weighted=False, conf_scale=16.0, tie_break="first",
+      coupled=True))          # common random numbers in the Monte Carlo gains (calibrated, see README)
+  c.online = ml_collections.ConfigDict(dict(
+      enabled=True, train_size=30, k0=4, budgets=(4, 8, 12, 16, 24, 32), max_per_question=64, k_min_curve=3,
+      k_max_curve=40, subsample_draws=2000, curve="probit", probit_eps=1e-6, budget_guard=True))
+  c.batch_size = 8    # unused (the allocation is vectorised over questions)
+  c.log_every = 1
+  c.checkpoint_every = 1
+  if arg.variant == "small":
+    c.data.num_questions = 1000
+    c.data.pool_size = 128
+    c.method.budgets = (2, 4, 8, 12, 16, 24, 32, 48, 64)
+    c.online.train_size = 100
+    c.online.budgets = tuple(range(4, 65, 4))
+    c.online.max_per_question = 128
+  elif arg.variant == "full":
+    c.data.dataset = "gpqa_diamond"
+    c.data.shuffle = True
+    c.data.relabel_mv = True
+    c.method.budgets = (1, 2, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 56, 64)
+    c.online.budgets = tuple(range(4, 65, 2))
+  c.num_steps = num_stages(c)
+  return configs.finalize(c)
+
+
+def num_stages(c) -> int:
+  """One stage per offline budget, plus one for the online policy."""
+  return len(c.method.budgets) + (1 if c.online.enabled else 0)
+
+
+def validate(c):
+  """Experiment-specific checks (called by train_and_evaluate)."""
+  from jaxlab.errors import ConfigError
+  d, m, o = c.data, c.method, c.online
+  if c.num_steps != num_stages(c):
+    raise ConfigError(f"config.num_steps={c.num_steps} must equal the number of stages {num_stages(c)} (one per "
+                      "method.budgets entry + 1 when online.enabled); set --config.num_steps accordingly")
+  if c.variant == "full" and not d.pool_file:
+    raise ConfigError("the full variant reads answer pools: pass --config.data.pool_file=POOLS.jsonl (official PETS "
+                      "JSONL, e.g. gpqa_conf_qwen3_64.jsonl, or the output of python -m jaxlab.tts.sample_pools)")
+  b = list(m.budgets)
+  if not b or any(not isinstance(x, int) or x < 1 for x in b) or b != sorted(set(b)):
+    raise ConfigError(f"config.method.budgets={tuple(b)} must be strictly increasing positive integers")
+  if m.warm_up < 0 or m.warm_up > b[0]:
+    raise ConfigError(f"config.method.warm_up={m.warm_up} must be in [0, smallest budget {b[0]}]")
+  if m.nsamples < 1 or m.batch_size < 1:
+    raise ConfigError("config.method.nsamples and config.method.batch_size must be >= 1")
+  if not (m.c > 0 and m.conf_scale > 0):
+    raise ConfigError("config.method.c and config.method.conf_scale must be > 0")
+  if m.tie_break not in ("first", "min"):
+    raise ConfigError(f"config.method.tie_break={m.tie_break!r}: use first or min")
+  if not d.pool_file:
+    if d.num_options < 2 or len(d.easy_alpha) != d.num_options or len(d.hard_alpha) != d.num_options:
+      raise ConfigError(f"config.data.easy_alpha / hard_alpha need data.num_options={d.num_options} (>= 2) entries")
+    if min(d.easy_alpha) <= 0 or min(d.hard_alpha) <= 0 or not 0 <= d.easy_prob <= 1:
+      raise ConfigError("config.data.easy_alpha / hard_alpha must be positive and data.easy_prob in [0, 1]")
+    if d.num_questions < 2 or d.pool_size < 1:
+      raise ConfigError("config.data.num_questions must be >= 2 and data.pool_size >= 1")
+    if b[-1] > d.pool_size:
+      raise ConfigError(f"config.method.budgets go up to {b[-1]} answers per question but pools hold "
+                        f"data.pool_size={d.pool_size}")
+  elif d.pool_size < 0 or d.max_options < 2:
+    raise ConfigError("config.data.pool_size must be >= 0 (0 = whole pools) and data.max_options >= 2")
+  if o.enabled:
+    ob = list(o.budgets)
+    if not ob or ob != sorted(set(ob)) or ob[0] < o.k0 or ob[-1] > o.max_per_question:
+      raise ConfigError(f"config.online.budgets={tuple(ob)} must be increasing, >= online.k0={o.k0} and <= "
+                        f"online.max_per_question={o.max_per_question}")
+    if o.k0 < 1 or o.train_size < 1 or o.subsample_draws < 1:
+      raise ConfigError("config.online.k0, online.train_size and online.subsample_draws must be >= 1")
+    if not 1 <= o.k_min_curve < o.k_max_curve:
+      raise ConfigError(f"config.online.k_min_curve={o.k_min_curve} must be >= 1 and < k_max_curve={o.k_max_curve}")
+    if o.curve not in ("probit", "exact"):
+      raise ConfigError(f"config.online.curve={o.curve!r}: use probit (the paper's fits) or exact")
+    if not d.pool_file and o.train_size >= d.num_questions:
+      raise ConfigError(f"config.online.train_size={o.train_size} leaves no test questions of "
+                        f"data.num_questions={d.num_questions}")
+
+
+def sweep(arg=None):
+  """Monte Carlo size x warm-up of the offline allocator."""
+  return [{"method.nsamples": n, "method.warm_up": w} for n in (100, 500, 2000) for w in (0, 1, 2)]

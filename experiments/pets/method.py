@@ -1,0 +1,164 @@
+"""PETS experiment glue: pools (simulated or from a PETS JSONL file), the allocator from the config, scoring.
+
+The algorithms live in the library (`jaxlab.tts`): votes and the self-consistency rate
+(`self_consistency`), the offline OKG allocator (`allocation`), the online bucket policy (`online`), the
+simulator and the JSONL format (`simulate`, `pools`). Here:
+
+* pseudo-labels: the pool majority y_q = MV(pool) (or the file's `final`), the paper's "infinite-budget"
+  majority; SC rate = mean_q [prediction_q == y_q];
+* uniform allocation at budget B = each question's first B pool answers (the official baseline);
+* OKG draws a question's unused answers in a random order (its pool shuffled once by the seed);
+* online: calibrate on the first online.train_size questions, apply the plan to the others in order
+  (prefix answers, as the official evaluation does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxlab.errors import DataError
+from jaxlab.tts import allocation, online, pools, self_consistency as sc, simulate
+
+
+def load_pools(config, key) -> dict:
+  """Pools as host arrays: answers (K, N) int32 (-1 padding), lengths, conf, labels, gold, num_options, ...
+
+  Simulated pools' gold answer is the population majority argmax theta_q (so `acc/*` measures agreement with
+  the true infinite-budget majority, not only with the 64-answer proxy).
+  """
+  d = config.data
+  tie = config.method.tie_break
+  if not d.pool_file:
+    sim = simulate.dirichlet_mixture_pools(d.num_questions, d.num_options, d.pool_size, easy_prob=d.easy_prob,
+                                           easy_alpha=d.easy_alpha, hard_alpha=d.hard_alpha, seed=config.seed)
+    answers = sim["answers"]
+    k, n = answers.shape
+    out = dict(answers=answers, lengths=np.full((k,), n, np.int32), conf=np.ones((k, n), np.float32),
+               gold=sim["majority"], num_options=d.num_options, skipped_answers=0, final=None)
+  else:
+    choices = [s.strip() for s in d.choices.split(",") if s.strip()]
+    p = pools.read_pools(d.pool_file, choices=choices or None, max_options=d.max_options, conf_metric=d.conf_metric)
+    answers, conf, lengths = p.answers, p.confidences, p.lengths
+    if d.shuffle:
+      answers, conf = allocation.shuffle_rows(key, answers, lengths, conf)
+    if d.pool_size:
+      answers, conf = answers[:, :d.pool_size], conf[:, :d.pool_size]
+      lengths = np.minimum(lengths, d.pool_size).astype(np.int32)
+    keep_final = not d.relabel_mv
+    out = dict(answers=np.ascontiguousarray(answers), lengths=lengths, conf=np.ascontiguousarray(conf),
+               gold=p.gold, num_options=p.num_options, skipped_answers=p.skipped_answers,
+               final=p.labels if keep_final else None)
+    if (lengths == 0).all():
+      raise DataError(f"{d.pool_file}: no question has a usable answer (check data.choices={d.choices!r})")
+  weights = out["conf"] if config.method.weighted else None
+  labels = np.asarray(sc.vote(out["answers"], out["num_options"], weights_kn=weights, tie_break=tie))
+  if out["final"] is not None and not config.method.weighted:
+    labels = np.where(out["final"] >= 0, out["final"], labels).astype(np.int32)
+  out["labels"] = labels
+  return out
+
+
+def pad_questions(data: dict, multiple: int) -> dict:
+  """Pads the question axis to a multiple of the data-axis size with empty questions (length 0, label -1)."""
+  k = data["answers"].shape[0]
+  kp = -(-k // multiple) * multiple
+  pad = kp - k
+
+  def grow(x, value):
+    return np.concatenate([x, np.full((pad,) + x.shape[1:], value, x.dtype)]) if pad else x
+
+  return dict(answers=grow(data["answers"], -1), lengths=grow(data["lengths"], 0), conf=grow(data["conf"], 1.0),
+              labels=grow(data["labels"], -1), gold=grow(data["gold"], -1))
+
+
+def draw_order(padded: dict, key) -> dict:
+  """OKG's random draw order: every pool shuffled once (row q by fold_in(key, q))."""
+  answers, conf = allocation.shuffle_rows(key, padded["answers"], padded["lengths"], padded["conf"])
+  return dict(answers=answers.astype(np.int32), conf=conf.astype(np.float32), lengths=padded["lengths"])
+
+
+def allocator(config, num_options: int) -> allocation.OKGAllocator:
+  m = config.method
+  return allocation.OKGAllocator(num_options=int(num_options), nsamples=m.nsamples, c=m.c, batch_size=m.batch_size,
+                                 warm_up=m.warm_up, weighted=m.weighted, conf_scale=m.conf_scale,
+                                 tie_break=m.tie_break, coupled=m.coupled)
+
+
+def uniform_predictions(config, answers, conf, budget: int, num_options: int):
+  return allocation.uniform_vote(answers, num_options, budget, conf_kn=conf, tie_break=config.method.tie_break)
+
+
+def rate(pred, labels, mask) -> float:
+  """SC rate (or accuracy) as an exact fraction hits / questions in float64 (see `sc.sc_rate`)."""
+  pred, labels, mask = (np.asarray(x) for x in (pred, labels, mask))
+  use = mask & (labels != -1)
+  return float(np.sum((pred == labels) & use) / max(int(use.sum()), 1))
+
+
+def online_metrics(config, data: dict) -> dict:
+  """Calibrates the bucket model on the first train_size questions and sweeps the average budget on the rest."""
+  o = config.online
+  m = data["num_options"]
+  tie = config.method.tie_break
+  ans, lengths, labels, gold = data["answers"], data["lengths"], data["labels"], data["gold"]
+  conf = data["conf"] if config.method.weighted else None
+  usable = lengths >= o.k0
+  if usable.sum() <= o.train_size:
+    raise DataError(f"online: {int(usable.sum())} questions have >= online.k0={o.k0} answers; need more than "
+                    f"online.train_size={o.train_size}")
+  idx = np.flatnonzero(usable)
+  tr, te = idx[:o.train_size], idx[o.train_size:]
+  model = online.calibrate(ans[tr], lengths[tr], labels[tr], m, k0=o.k0, k_min=o.k_min_curve, k_max=o.k_max_curve,
+                           curve_k_max=o.max_per_question, draws=o.subsample_draws, seed=config.seed,
+                           probit_eps=o.probit_eps)
+  out = {"online/test_questions": len(te)}
+  for t, pi in enumerate(model.pi_t):
+    out[f"online/pi/t{t}"] = float(pi)
+  a_test, c_test = ans[te], None if conf is None else conf[te]
+
+  def score(budget_q):
+    pred = np.asarray(sc.vote(a_test, m, weights_kn=c_test, budget_k=budget_q, tie_break=tie))
+    res = {"sc": float(np.mean(pred == labels[te]))}
+    known = gold[te] != -1
+    if known.any():
+      res["acc"] = float(np.mean(pred[known] == gold[te][known]))
+    return res
+
+  for bbar in o.budgets:
+    plan = online.greedy_bucket_plan(model, bbar, b_max=o.max_per_question, k0=o.k0, kind=o.curve)
+    free, _ = online.streaming_policy(a_test, lengths[te], plan, m, k0=o.k0)
+    guarded, _ = online.streaming_policy(a_test, lengths[te], plan, m, k0=o.k0, avg_budget=bbar)
+    used = guarded if o.budget_guard else free
+    uni = np.minimum(lengths[te], bbar)
+    for kind, budget_q in (("online", used), ("online_unguarded", free), ("uniform_test", uni)):
+      for metric, v in score(budget_q).items():
+        out[f"{'sc_rate' if metric == 'sc' else 'acc'}/{kind}/B{bbar}"] = v
+    out[f"budget/online_spent/B{bbar}"] = float(np.mean(used))
+    out[f"budget/online_unguarded_spent/B{bbar}"] = float(np.mean(free))
+    out[f"budget/online_planned/B{bbar}"] = float(np.dot(model.pi_t, plan))
+    for t, bt in enumerate(plan):
+      out[f"online/plan/B{bbar}/t{t}"] = int(bt)
+  return out
+
+
+def savings(summary: dict, method_kind: str, base_kind: str, budgets) -> dict:
+  """Budget saving at the baseline's best self-consistency.
+
+  b_base = the smallest budget at which the baseline reaches its best SC rate over the grid; b_method = the
+  smallest budget at which the method reaches at least that rate. saving = 1 - b_method / b_base (the paper's
+  "budget reduction at perfect self-consistency" when the best rate is 1). Also the smallest budgets reaching
+  SC = 1 (None when never reached).
+  """
+  base = [(b, summary.get(f"sc_rate/{base_kind}/B{b}")) for b in budgets]
+  meth = [(b, summary.get(f"sc_rate/{method_kind}/B{b}")) for b in budgets]
+  if any(v is None for _, v in base + meth):
+    return {}
+  best = max(v for _, v in base)
+  b_base = min(b for b, v in base if v == best)
+  reach = [b for b, v in meth if v >= best]
+  out = {f"budget_at_best/{base_kind}": b_base, f"budget_at_best/{method_kind}": reach[0] if reach else None,
+         f"saving/{method_kind}": (1.0 - reach[0] / b_base) if reach else None, f"best/{base_kind}": best}
+  for kind, pts in ((base_kind, base), (method_kind, meth)):
+    ones = [b for b, v in pts if v >= 1.0]
+    out[f"budget_at_sc1/{kind}"] = ones[0] if ones else None
+  return out

@@ -1,0 +1,150 @@
+"""PETS experiment: self-consistency rate vs budget for uniform, offline OKG and online bucketed allocation.
+
+Launch: python -m jaxlab.main --config experiments/pets/config.py:tiny --workdir /tmp/pets
+Expected (tiny, 2 CPU cores, about half a minute per seed): OKG at an average budget of 16 is at least as
+self-consistent as uniform allocation at 32; OKG beats uniform by >= 0.03 on average at budgets 4 and 8; the
+online policy at average budget 16 beats uniform at 16 by >= 0.01 and spends <= 16 answers per question.
+
+Stages (`jaxlab.train.run_loop`, one checkpoint per stage, resumable): stage i < len(method.budgets) runs the
+OKG allocator on to an average of budgets[i] answers per question (state: the Dirichlet posteriors, votes,
+pool pointers and cached gains, sharded over questions on the "data" mesh axis) and scores OKG and uniform
+allocation at that budget; the last stage calibrates the online policy on the first online.train_size
+questions and sweeps its average budget on the rest. summary.json holds flat keys
+`sc_rate/{uniform,offline,online,uniform_test}/B{budget}` (+ `acc/...` against gold answers when known).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxlab import configs, metrics
+from jaxlab import mesh as mesh_lib
+from jaxlab.train import run_loop
+
+from . import config as config_lib
+from . import method
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """Runs the stages and returns the summary."""
+  config_lib.validate(config)
+  configs.validate(config, num_devices=jax.device_count())
+  mesh = mesh_lib.make_mesh(config.mesh)
+  root = jax.random.key(config.seed)
+  data = method.load_pools(config, jax.random.fold_in(root, 3))
+  n_data = mesh.shape["data"]
+  padded = method.pad_questions(data, n_data)
+  qsh = NamedSharding(mesh, P("data"))
+  repl = NamedSharding(mesh, P())
+  alloc = method.allocator(config, data["num_options"])
+  okg_key = jax.random.fold_in(root, 1)
+  order = method.draw_order(padded, jax.random.fold_in(root, 2))
+  dev = {k: jax.device_put(jnp.asarray(v), qsh) for k, v in order.items()}
+  shardings = {"alpha": qsh, "votes": qsh, "first": qsh, "ptr": qsh, "gain": qsh, "draws": repl}
+  state = jax.device_put(alloc.init(okg_key, dev["answers"], dev["lengths"], dev["conf"]), shardings)
+  budgets = tuple(config.method.budgets)
+  k_real = data["answers"].shape[0]
+  real = jax.device_put(jnp.arange(padded["answers"].shape[0]) < k_real, qsh)
+  labels = jax.device_put(jnp.asarray(padded["labels"]), qsh)
+  gold = jax.device_put(jnp.asarray(padded["gold"]), qsh)
+  has_gold = bool((data["gold"] != -1).any())
+  pools_dev = jax.device_put(jnp.asarray(padded["answers"]), qsh)
+  conf_dev = jax.device_put(jnp.asarray(padded["conf"]), qsh) if config.method.weighted else None
+
+  def step_fn(state, stage):
+    if stage < len(budgets):
+      b = budgets[stage]
+      need = k_real * b - int(state["draws"])
+      state = jax.device_put(alloc.allocate(state, okg_key, dev["answers"], dev["lengths"], max(need, 0),
+                                            dev["conf"]), shardings)
+      pred_o = alloc.predict(state)
+      pred_u = method.uniform_predictions(config, pools_dev, conf_dev, b, data["num_options"])
+      out = {"budget": b, "offline/spent": int(state["draws"]) / k_real,
+             "sc_rate/offline": method.rate(pred_o, labels, real), "sc_rate/uniform": method.rate(pred_u, labels, real)}
+      if has_gold:
+        out.update({"acc/offline": method.rate(pred_o, gold, real), "acc/uniform": method.rate(pred_u, gold, real)})
+      return state, out
+    return state, method.online_metrics(config, data)
+
+  run_loop(config, workdir, state, shardings, step_fn, lambda s: s)
+  summary = summarise(metrics.read_metrics(workdir), config)
+  summary.update(num_questions=k_real, num_options=int(data["num_options"]), max_pool=int(data["lengths"].max()),
+                 skipped_answers=int(data["skipped_answers"]))
+  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+  return summary
+
+
+def summarise(rows, config) -> dict:
+  """Flat `sc_rate/<kind>/B<budget>` keys, online extras, and budget savings."""
+  out = {}
+  for r in rows:
+    if "budget" in r:
+      b = int(r["budget"])
+      for k, v in r.items():
+        if k.startswith(("sc_rate/", "acc/", "offline/")):
+          out[f"{k}/B{b}"] = v
+    else:
+      out.update({k: v for k, v in r.items() if k != "step" and not k.startswith("train/")})
+  budgets = list(config.method.budgets)
+  out.update(method.savings(out, "offline", "uniform", budgets))
+  if config.online.enabled:
+    out.update(method.savings(out, "online", "uniform_test", list(config.online.budgets)))
+  return out
+
+
+def plot(runs, workdirs, out_dir):
+  """SC rate vs budget: offline OKG vs uniform, online vs uniform (test split), online spend vs target."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  def curve(kind):
+    pts = {}
+    for r in runs:
+      for k, v in r.items():
+        if k.startswith(f"sc_rate/{kind}/B") and v is not None:
+          pts.setdefault(int(k.rsplit("B", 1)[1]), []).append(v)
+    bs = sorted(pts)
+    return np.array(bs), np.array([np.mean(pts[b]) for b in bs]), np.array([np.std(pts[b]) for b in bs])
+
+  fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+  panels = ((axes[0], (("uniform", "tab:gray", "uniform"), ("offline", "tab:blue", "PETS offline (OKG)")),
+             "offline: all questions"),
+            (axes[1], (("uniform_test", "tab:gray", "uniform"), ("online", "tab:orange", "PETS online"),
+                       ("online_unguarded", "tab:green", "online, no ledger")), "online: test split"))
+  for ax, series, title in panels:
+    for kind, color, label in series:
+      b, mu, sd = curve(kind)
+      if len(b):
+        ax.errorbar(b, mu, yerr=sd, marker="o", ms=4, capsize=3, color=color, label=label,
+                    ls="--" if kind == "online_unguarded" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("average answers per question")
+    ax.set_ylabel("self-consistency rate")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  for key, color, label in (("budget/online_spent", "tab:orange", "realised (ledger)"),
+                            ("budget/online_unguarded_spent", "tab:green", "realised (no ledger)"),
+                            ("budget/online_planned", "tab:purple", "plan's expected")):
+    keys = [k for k in (runs[0] if runs else {}) if k.startswith(key + "/B")]
+    pts = sorted((int(k.rsplit("B", 1)[1]), [r[k] for r in runs]) for k in keys)
+    if pts:
+      axes[2].plot([p[0] for p in pts], [np.mean(p[1]) for p in pts], marker="o", ms=4, color=color, label=label)
+  lim = [4, max([4] + [int(k.rsplit("B", 1)[1]) for r in runs[:1] for k in r if k.startswith("budget/online_spent/B")])]
+  axes[2].plot(lim, lim, "k:", label="target")
+  axes[2].set_xlabel("target average budget")
+  axes[2].set_ylabel("answers per test question")
+  axes[2].set_title("online spend")
+  axes[2].legend(fontsize=8)
+  axes[2].grid(alpha=0.3)
+  fig.tight_layout()
+  path = os.path.join(out_dir, "pets_sc_rate.png")
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return [path]
