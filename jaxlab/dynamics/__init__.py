@@ -1,0 +1,1 @@
+"""Training-dynamics tools: Markov-chain data, spectral / attention instrumentation, a stage detector."""
