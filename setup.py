@@ -18,9 +18,12 @@ EXTRAS = {
     "tensorboard": ["tensorboardX>=2.6"],
     "hf": ["safetensors>=0.4"],
     "tokenizers": ["tokenizers>=0.15"],
+    "timeseries": ["statsmodels>=0.14"],   # DF-Mamba's offline real series (co2)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1"]
+# Not in "all" (large): TFDS's glue / super_glue builders need TensorFlow (CurvZO's full-scale configs).
+EXTRAS["glue"] = ["tensorflow>=2.15"]
 
 setup(
     name="jaxlab",
