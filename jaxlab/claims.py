@@ -75,6 +75,11 @@ def maximum(key: str) -> Callable[[Sequence[Summary]], float]:
   return lambda runs: float(np.max([r[key] for r in runs]))
 
 
+def ratio_of_means(a: str, b: str) -> Callable[[Sequence[Summary]], float]:
+  """mean(summary[a]) / mean(summary[b]) over runs (e.g. a method's error relative to a baseline's)."""
+  return lambda runs: float(np.mean([r[a] for r in runs]) / np.mean([r[b] for r in runs]))
+
+
 def fraction(pred: Callable[[Summary], bool]) -> Callable[[Sequence[Summary]], float]:
   """Fraction of runs for which `pred(summary)` holds."""
   return lambda runs: float(np.mean([bool(pred(r)) for r in runs]))

@@ -96,6 +96,20 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def variant_config(arg: str | None) -> tuple[ml_collections.ConfigDict, ml_collections.ConfigDict]:
+  """The start of every experiment's `get_config(arg)`.
+
+  Returns:
+    (config, arg): `base_config()` with `variant` and `seed` set from `parse_arg(arg, variant="tiny", seed=0)`,
+    and the parsed argument.
+  """
+  arg = parse_arg(arg, variant="tiny", seed=0)
+  c = base_config()
+  c.variant = arg.variant
+  c.seed = arg.seed
+  return c, arg
+
+
 def finalize(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Validates a config (device-independent checks) and locks it; returns it."""
   validate(config)

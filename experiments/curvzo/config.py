@@ -13,7 +13,6 @@ Launch: python -m jaxlab.reproduce curvzo   (tiny, seeds 0, 1, 2)
 """
 
 import ml_collections
-import numpy as np
 
 from jaxlab import claims, configs
 
@@ -21,10 +20,6 @@ SEEDS = (0, 1, 2)
 METHODS = ("mezo", "sparse", "curvzo", "curvzo_ht")
 TASKS = ("sst2", "rte", "cb", "boolq", "copa", "wic", "wsc", "multirc")
 LR_GRID = tuple(float(2.5e-4 * 2 ** (i / 2)) for i in range(12))     # 2.5e-4 ... 1.1e-2, factor sqrt(2)
-
-
-def _ratio(a, b):
-  return lambda runs: float(np.mean([r[a] for r in runs]) / np.mean([r[b] for r in runs]))
 
 
 CLAIMS = [
@@ -38,16 +33,13 @@ CLAIMS = [
                  claims.maximum("var/sqrt_vs_best_other"), "<=", 0.9),
     claims.Claim("curvzo_vs_mezo", "block-sparse quadratic: CurvZO (ht=False) final loss <= 0.92x MeZO's at equal "
                  "forward passes, per-method tuned lr (mean of 3 seeds x 4 runs)",
-                 _ratio("race/curvzo/final", "race/mezo/final"), "<=", 0.92),
+                 claims.ratio_of_means("race/curvzo/final", "race/mezo/final"), "<=", 0.92),
 ]
 
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   # task (full): kind "lm", name in TASKS, source "tfds" (TFDS name from lm_task.TASKS) or "jsonl"
   # (<data_dir>/{train,validation}.jsonl); MeZO's 1000 / 500 / 1000 train / dev / eval examples.
   c.task = ml_collections.ConfigDict(dict(kind="quadratic", name="sst2", source="tfds", data_dir="", n_train=1000,

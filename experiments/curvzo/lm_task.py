@@ -17,7 +17,6 @@ and the same label words where we know them); they are not a copy.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from typing import Callable
 
@@ -26,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlab import mesh as mesh_lib
+from jaxlab.data.jsonl import iter_jsonl
 from jaxlab.errors import DataError, MissingDependencyError
 from jaxlab.state import ModelDef, param_count, tree_shardings
 from jaxlab.train import run_loop
@@ -88,18 +88,11 @@ def load_records(task: str, split: str, source: str, data_dir: str) -> list[dict
     if not os.path.exists(path):
       raise DataError(f"{path} does not exist; config.task.source='jsonl' reads <data_dir>/{{train,validation}}.jsonl")
     out = []
-    with open(path) as f:
-      for i, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          rec = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise DataError(f"{path}:{i}: not valid JSON ({e.msg})") from None
-        missing = [k for k in fields if k not in rec]
-        if missing:
-          raise DataError(f"{path}:{i}: record lacks field(s) {missing} needed by task {task!r} (fields {fields})")
-        out.append(rec)
+    for i, rec in iter_jsonl(path):
+      missing = [k for k in fields if k not in rec]
+      if missing:
+        raise DataError(f"{path}:{i}: record lacks field(s) {missing} needed by task {task!r} (fields {fields})")
+      out.append(rec)
     return out
   if importlib.util.find_spec("tensorflow") is None:
     raise MissingDependencyError(f"TFDS's {name} builder needs TensorFlow: pip install tensorflow (and prepare the "

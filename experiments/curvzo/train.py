@@ -98,9 +98,7 @@ def _write_curve(workdir: str, name: str, curve, log_every: int) -> None:
 
 def plot(runs, workdirs, out_dir):
   """Race curves (f / f0 vs forward passes, mean over seeds) and the variance study."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
   curves = [json.load(open(os.path.join(w, "curves.json"))) for w in workdirs
             if os.path.exists(os.path.join(w, "curves.json"))]

@@ -12,7 +12,6 @@ Tasks: `data.name` = synthetic | csv | co2 (statsmodels' weekly CO2, an offline 
 """
 
 import ml_collections
-import numpy as np
 
 from jaxlab import claims, configs
 
@@ -20,32 +19,21 @@ SEEDS = (0, 1, 2)
 MODELS = ("fractal", "no_delta_scale", "flat")
 
 
-def _mean(key):
-  return lambda runs: float(np.mean([r[key] for r in runs]))
-
-
-def _ratio(a, b):
-  return lambda runs: float(np.mean([r[a] for r in runs]) / np.mean([r[b] for r in runs]))
-
-
 CLAIMS = [
     claims.Claim("zoh_identity", "exact ZOH: r steps at Delta == one step at r*Delta on window-constant input "
                  "(max abs error, fp32)", claims.maximum("zoh/max_err"), "<=", 1e-5),
     claims.Claim("longer_helps", "DF-Mamba trained at L=128, zero-shot at L=512: MSE <= 0.85x its own at 128 "
-                 "(mean of 3 seeds)", _ratio("mse512/fractal", "mse128/fractal"), "<=", 0.85),
+                 "(mean of 3 seeds)", claims.ratio_of_means("mse512/fractal", "mse128/fractal"), "<=", 0.85),
     claims.Claim("delta_scaling", "DF-Mamba at 512 <= 0.9x the no-Delta-scaling ablation at 512",
-                 _ratio("mse512/fractal", "mse512/no_delta_scale"), "<=", 0.9),
+                 claims.ratio_of_means("mse512/fractal", "mse512/no_delta_scale"), "<=", 0.9),
     claims.Claim("vs_flat", "DF-Mamba at 512 <= flat Mamba given the 512 context",
-                 _ratio("mse512/fractal", "mse512/flat"), "<=", 1.0),
+                 claims.ratio_of_means("mse512/fractal", "mse512/flat"), "<=", 1.0),
 ]
 
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   c.data = ml_collections.ConfigDict(dict(
       name="synthetic", path="", columns=(), periods=(8, 64, 512), channels=4, rho=0.9, sigma=0.1,
       train_series=256, train_length=1024, test_series=256, lookback=128, eval_lookbacks=(128, 512),

@@ -123,9 +123,12 @@ def model_inputs(c, data: Data, x):
   return channels_first(x) if (c.model.channel_independent and not data.classification) else x
 
 
-def predict(c, data: Data, model, x, out=None):
-  """(b, L, C) -> forecasts (b, H, C) or logits (b, classes); `out` = the model's raw output if computed."""
-  out = model(model_inputs(c, data, x)) if out is None else out
+def predict(c, data: Data, model, x, out=None, max_levels=None):
+  """(b, L, C) -> forecasts (b, H, C) or logits (b, classes).
+
+  `out` is the model's raw output when already computed; `max_levels` caps the model's levels.
+  """
+  out = model(model_inputs(c, data, x), max_levels) if out is None else out
   if data.classification:
     return out
   b, _, ch = x.shape

@@ -43,12 +43,7 @@ def _eval_fn(config, data, modeldef, max_levels=None):
     model = modeldef.merge(params, model_state)
     model.eval()
     classification = data.classification
-    if max_levels is not None:
-      raw = model.head(model.head_norm(model.features(model.levels(method.model_inputs(config, data, x),
-                                                                    max_levels)[1])[0]))
-      out = method.predict(config, data, model, x, raw)
-    else:
-      out = method.predict(config, data, model, x)
+    out = method.predict(config, data, model, x, max_levels=max_levels)
     loss = method.task_loss(out, y, classification)
     correct = (jnp.argmax(out, -1) == y).sum() if classification else jnp.zeros(())
     x = method.model_inputs(config, data, x)
@@ -123,15 +118,15 @@ def train_and_evaluate(config, workdir: str) -> dict:
   evals = {name: _eval_fn(config, data, defs[name]) for name in names}
   train_len = (config.data.image_size // config.data.patch) ** 2 if data.classification else config.data.lookback
   k_train = multiscale.num_levels(train_len, config.model.ratio, config.model.min_len)
+  train_label = str(config.data.image_size if data.classification else config.data.lookback)
   capped = {name: _eval_fn(config, data, defs[name], k_train) for name in names if name != "flat"}
   eval_bs = config.eval_batch_size or 256
 
   def run_eval(fn, st, arrays):
-    tot = np.zeros(4)
-    for i in range(0, len(arrays["y"]), eval_bs):
-      x, y = arrays["x"][i:i + eval_bs], arrays["y"][i:i + eval_bs]
-      tot += np.array([float(v) for v in fn(st.params, st.model_state, x, y)])
-    return tot
+    """Sums of (task loss, correct, cons, cons with untrained phi) over the eval set: one host sync."""
+    sums = [fn(st.params, st.model_state, arrays["x"][i:i + eval_bs], arrays["y"][i:i + eval_bs])
+            for i in range(0, len(arrays["y"]), eval_bs)]
+    return np.asarray(jax.device_get(jax.tree.map(lambda *v: sum(v), *sums)), np.float64)
 
   def evaluate(state):
     out = {}
@@ -139,8 +134,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
       n = len(arrays["y"])
       for name in names:
         tot = run_eval(evals[name], state[name], arrays)
-        if name in capped and label != str(config.data.lookback if not data.classification
-                                           else config.data.image_size):
+        if name in capped and label != train_label:
           metric = "acc" if data.classification else "mse"
           t2 = run_eval(capped[name], state[name], arrays)
           out[f"eval/{metric}{label}_k{k_train}/{name}"] = (t2[1] if data.classification else t2[0]) / n
@@ -149,8 +143,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
           out[f"eval/ce{label}/{name}"] = tot[0] / n
         else:
           out[f"eval/mse{label}/{name}"] = tot[0] / n
-        if name != "flat" and label == str(config.data.lookback if not data.classification
-                                           else config.data.image_size):
+        if name != "flat" and label == train_label:
           out[f"eval/cons/{name}"] = tot[2] / n
           out[f"eval/cons_untrained_phi/{name}"] = tot[3] / n
     return out
@@ -177,9 +170,7 @@ def summarise(summary: dict) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Test MSE (or accuracy) of each model at each eval length, mean and spread over seeds; forecasts."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   del workdirs
   pattern = re.compile(r"^(mse|acc)(\d+)/")
   keys = sorted({k for r in runs for k in r if pattern.match(k)})

@@ -11,7 +11,6 @@ Real-text smoke: data.source=pydoc (CPython's pydoc_data.topics, offline).
 """
 
 import ml_collections
-import numpy as np
 
 from jaxlab import claims, configs
 
@@ -19,47 +18,33 @@ SEEDS = (0, 1, 2)
 SOURCES = ("markov", "pydoc", "file", "wikitext")
 
 
-def _mean(key):
-  return lambda runs: float(np.mean([r[key] for r in runs]))
-
-
-def _min(key):
-  return lambda runs: float(np.min([r[key] for r in runs]))
-
-
-def _max(key):
-  return lambda runs: float(np.max([r[key] for r in runs]))
-
-
 CLAIMS = [
     claims.Claim("condense", "S1: top-1 share of W_E at the condensation point (min over seeds), attention frozen",
-                 _min("cond/share_E"), ">=", 0.9),
+                 claims.minimum("cond/share_E"), ">=", 0.9),
     claims.Claim("frozen_qk", "S1: ||W_Q W_K^T|| / init at the condensation point (max over seeds)",
-                 _max("cond/qk_ratio"), "<=", 2.0),
+                 claims.maximum("cond/qk_ratio"), "<=", 2.0),
     claims.Claim("closed_form_u", "S1: |cos(u1(Phi), pi)| at condensation, pi from the chain (min over seeds)",
-                 _min("cond/cos_u_pi"), ">=", 0.9),
+                 claims.minimum("cond/cos_u_pi"), ">=", 0.9),
     claims.Claim("closed_form_v", "S1: |cos(v1(Phi), pi - 1/V)| at condensation (min over seeds)",
-                 _min("cond/cos_v_pi"), ">=", 0.9),
-    claims.Claim("focus", "S2: first focus-index peak after S1 (min over seeds)", _min("cycle1/peak"), ">=", 1.3),
+                 claims.minimum("cond/cos_v_pi"), ">=", 0.9),
+    claims.Claim("focus", "S2: first focus-index peak after S1 (min over seeds)",
+                 claims.minimum("cycle1/peak"), ">=", 1.3),
     claims.Claim("dilution", "S3: focus falls by this fraction of its excess over 1 (min over seeds)",
-                 _min("cycle1/drop_frac"), ">=", 0.5),
+                 claims.minimum("cycle1/drop_frac"), ">=", 0.5),
     claims.Claim("loss_down", "S3: loss keeps decreasing during dilution (fraction of seeds)",
-                 _mean("cycle1/loss_decreasing"), ">=", 1.0),
+                 claims.mean("cycle1/loss_decreasing"), ">=", 1.0),
     claims.Claim("new_rank", "S4: numerical rank of W_E after the dilution (min over seeds)",
-                 _min("cycle2/rank"), ">=", 2),
+                 claims.minimum("cycle2/rank"), ">=", 2),
     claims.Claim("second_focus", "S4: a second focus peak after the dilution trough (min over seeds)",
-                 _min("cycle2/peak"), ">=", 1.15),
+                 claims.minimum("cycle2/peak"), ">=", 1.15),
     claims.Claim("control", "control: standard init (std 1/sqrt(d)) top-1 share of W_E at the same step (max)",
-                 _max("control/share_E"), "<", 0.6),
+                 claims.maximum("control/share_E"), "<", 0.6),
 ]
 
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   # data.source: markov | pydoc (CPython pydoc_data.topics) | file (data.path, UTF-8 text) | wikitext (tfds).
   c.data = ml_collections.ConfigDict(dict(
       source="markov", vocab=20, alpha=0.5, zipf_s=1.0, concentration=1.0, n_seq=256, length=16, path="",

@@ -77,9 +77,7 @@ def control(config, tokens, top, gd_steps: int) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """All logged dynamics against GD steps, one column per seed, with the detected stages shaded."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   panels = (("train/loss", "loss"), ("dyn/share_E", "top-1 share"), ("dyn/rank_E", "numerical rank"),
             ("dyn/qk_ratio", "||W_Q W_K^T|| / init"), ("dyn/focus", "focus index"), ("dyn/entropy", "attention entropy"))
   n = max(len(workdirs), 1)

@@ -22,10 +22,7 @@ CLAIMS = [
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=full,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   c.data = ml_collections.ConfigDict(dict(
       source="addition", path="", tokenizer="byte", seq_len=24, packed=False, n_train=20000, n_eval=400,
       min_digits=1, max_digits=3, reverse_answer=True, pad_operands=False, eval_fraction=0.05, truncation="right"))

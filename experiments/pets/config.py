@@ -48,10 +48,7 @@ CLAIMS = [
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=full,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   c.data = ml_collections.ConfigDict(dict(
       pool_file="",            # official PETS JSONL answer pools; "" = simulate
       dataset="simulated",     # what the pools are (informational): simulated | gpqa_diamond | aime24 | ...

@@ -99,9 +99,7 @@ def summarise(rows, config) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """SC rate vs budget: offline OKG vs uniform, online vs uniform (test split), online spend vs target."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
 
   def curve(kind):
     pts = {}

@@ -24,10 +24,7 @@ CLAIMS = [
 
 def get_config(arg=None):
   """Config for variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   c.data = ml_collections.ConfigDict(dict(name="digits", data_dir="", train_split="train", test_split="test"))
   c.model = ml_collections.ConfigDict(dict(hidden=(128, 128)))
   c.optimizer.name = "adamw"

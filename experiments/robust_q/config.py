@@ -31,14 +31,6 @@ def mag_key(metric, estimator, magnitude):
   return f"{metric}/{estimator}/M_{float(magnitude):g}"
 
 
-def _mean(key):
-  return lambda runs: float(np.mean([r[key] for r in runs]))
-
-
-def _ratio(a, b):
-  return lambda runs: float(np.mean([r[a] for r in runs]) / np.mean([r[b] for r in runs]))
-
-
 def _max_gap(a, b):
   return lambda runs: float(np.max([abs(r[a] - r[b]) for r in runs]))
 
@@ -46,30 +38,27 @@ def _max_gap(a, b):
 _Q = "q_error"
 CLAIMS = [
     claims.Claim("vanilla_M100", "vanilla Q-learning error ||Q_T - Q*||_inf > 50 at eps = 0.1, M = 100 (mean of seeds)",
-                 _mean(mag_key(_Q, VANILLA, 100)), ">", 50.0),
+                 claims.mean(mag_key(_Q, VANILLA, 100)), ">", 50.0),
     claims.Claim("vanilla_M1e4", "vanilla Q-learning error > 5000 at eps = 0.1, M = 10^4 (unbounded in M)",
-                 _mean(mag_key(_Q, VANILLA, 1e4)), ">", 5000.0),
+                 claims.mean(mag_key(_Q, VANILLA, 1e4)), ">", 5000.0),
     claims.Claim("robust_M100", "robust (trimmed-mean) Q-learning error < 1.5 at eps = 0.1, M = 100",
-                 _mean(mag_key(_Q, ROBUST, 100)), "<", 1.5),
+                 claims.mean(mag_key(_Q, ROBUST, 100)), "<", 1.5),
     claims.Claim("robust_M1e4", "robust Q-learning error < 1.5 at eps = 0.1, M = 10^4",
-                 _mean(mag_key(_Q, ROBUST, 1e4)), "<", 1.5),
+                 claims.mean(mag_key(_Q, ROBUST, 1e4)), "<", 1.5),
     claims.Claim("robust_M_invariant", "robust error independent of M: |err(M=10^4) - err(M=100)| < 0.1 (worst seed)",
                  _max_gap(mag_key(_Q, ROBUST, 1e4), mag_key(_Q, ROBUST, 100)), "<", 0.1),
     claims.Claim("robust_policy", "robust greedy policy suboptimality max_s V* - V^pi < 0.1 at eps = 0.1, M = 100",
-                 _mean(mag_key("suboptimality", ROBUST, 100)), "<", 0.1),
+                 claims.mean(mag_key("suboptimality", ROBUST, 100)), "<", 0.1),
     claims.Claim("clean_cost", "at eps = 0 the robust error is <= 2x vanilla's (ratio of seed means)",
-                 _ratio(eps_key(_Q, ROBUST, 0), eps_key(_Q, VANILLA, 0)), "<=", 2.0),
+                 claims.ratio_of_means(eps_key(_Q, ROBUST, 0), eps_key(_Q, VANILLA, 0)), "<=", 2.0),
     claims.Claim("linear_in_eps", "robust error grows about linearly in eps: err(0.1) / err(0.05) in [1.3, 3]",
-                 _ratio(eps_key(_Q, ROBUST, 0.1), eps_key(_Q, ROBUST, 0.05)), "in", (1.3, 3.0)),
+                 claims.ratio_of_means(eps_key(_Q, ROBUST, 0.1), eps_key(_Q, ROBUST, 0.05)), "in", (1.3, 3.0)),
 ]
 
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   c.mdp = ml_collections.ConfigDict(dict(
       num_states=10, num_actions=2, gamma=0.9, dirichlet=0.5, reward_low=0.0, reward_high=1.0,
       noise="gaussian", noise_scale=0.5, noise_df=3.0))

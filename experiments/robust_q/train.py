@@ -103,9 +103,7 @@ def summarise(rows, config) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Q error vs steps (log-log) per learner, and the final error vs epsilon (the corruption floor)."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   rows = [metrics.read_metrics(w) for w in workdirs]
   cfg = metrics.read_json(os.path.join(workdirs[0], "config.json"))
   ests = list(cfg["method"]["estimators"])

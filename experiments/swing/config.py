@@ -10,39 +10,27 @@ Frobenius error; no materialised baselines).
 """
 
 import ml_collections
-import numpy as np
 
 from jaxlab import claims, configs
 
 SEEDS = (0, 1, 2)
 
 
-def _at(key):
-  return lambda runs: float(np.mean([r[key] for r in runs]))
-
-
-def _ratio(a, b):
-  return lambda runs: float(np.mean([r[a] for r in runs]) / np.mean([r[b] for r in runs]))
-
-
 CLAIMS = [
     claims.Claim("vs_uniform", "SWING rel. Frobenius error <= 0.5x uniform GRF's at 32 walks/node (mean of 3 seeds)",
-                 _ratio("err/swing@32", "err/uniform@32"), "<=", 0.5),
+                 claims.ratio_of_means("err/swing@32", "err/uniform@32"), "<=", 0.5),
     claims.Claim("vs_oracle", "SWING error <= 3x the oracle proposal's (q ~ W(v, .)) at 32 walks/node",
-                 _ratio("err/swing@32", "err/oracle@32"), "<=", 3.0),
+                 claims.ratio_of_means("err/swing@32", "err/oracle@32"), "<=", 3.0),
     claims.Claim("unbiased", "mean of K_hat over 20 seeds within 10% of K (rel. Frobenius)",
-                 _at("unbiased/mean_err"), "<=", 0.10),
+                 claims.mean("unbiased/mean_err"), "<=", 0.10),
     claims.Claim("rate", "error of the mean shrinks about as 1/sqrt(seeds): log-log slope in [-0.75, -0.35]",
-                 _at("unbiased/slope"), "in", (-0.75, -0.35)),
+                 claims.mean("unbiased/slope"), "in", (-0.75, -0.35)),
 ]
 
 
 def get_config(arg=None):
   """Variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0)
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  c, arg = configs.variant_config(arg)
   c.data = ml_collections.ConfigDict(dict(
       points="gaussian", path="", n=400, dim=3, graph="rbf", bandwidth=0.6, eps=0.6, sharpness=0.1, rho=0.5))
   c.method = ml_collections.ConfigDict(dict(

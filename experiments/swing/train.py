@@ -125,9 +125,7 @@ def downstream(config, key, mesh) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Error vs walks per node (log-log) for the three estimators, and the running-mean error vs seeds."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
   rows = [metrics.read_metrics(w) for w in workdirs]
   for name, color in (("uniform", "tab:red"), ("oracle", "tab:green"), ("swing", "tab:blue")):

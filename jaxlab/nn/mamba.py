@@ -707,15 +707,9 @@ _HF_ARCHS = ("MambaForCausalLM", "MambaModel", "MambaLMHeadModel")
 
 def _read_config(path: str) -> dict[str, Any]:
   """MambaLM keyword arguments from a checkpoint's config.json (HF or mamba_ssm style)."""
-  cfg_path = os.path.join(path, "config.json")
-  if not os.path.isfile(cfg_path):
-    raise CheckpointError(f"{path} has no config.json; pass a local Hugging Face Mamba checkpoint directory "
-                          "(config.json + *.safetensors)")
-  try:
-    with open(cfg_path) as f:
-      cfg = json.load(f)
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{cfg_path} is not valid JSON ({e})") from None
+  from jaxlab.lm.hf import read_hf_config  # pylint: disable=g-import-not-at-top
+  cfg = read_hf_config(path)
+  cfg_path = os.path.join(path, "config.json")   # named in the errors below
   model_type = cfg.get("model_type")
   if model_type not in (None, "mamba"):
     raise CheckpointError(f"{cfg_path}: model_type '{model_type}' is not supported; MambaLM loads Mamba-1 "

@@ -205,9 +205,9 @@ class FractalMamba(nnx.Module):
     alpha = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bk,bkd->bd", alpha, pooled), alpha
 
-  def __call__(self, inputs_blc: jax.Array) -> jax.Array:
-    """(b, L, in_features) -> (b, out_features)."""
-    return self.head(self.head_norm(self.features(self.levels(inputs_blc)[1])[0]))
+  def __call__(self, inputs_blc: jax.Array, max_levels: int | None = None) -> jax.Array:
+    """(b, L, in_features) -> (b, out_features); `max_levels` optionally caps the levels (see `levels`)."""
+    return self.head(self.head_norm(self.features(self.levels(inputs_blc, max_levels)[1])[0]))
 
   def forward_with_aux(self, inputs_blc: jax.Array, max_levels: int | None = None,
                        n_active: jax.Array | int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:

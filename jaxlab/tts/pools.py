@@ -28,10 +28,11 @@ import json
 import math
 import os
 import tempfile
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from jaxlab.data.jsonl import iter_jsonl  # noqa: F401  (re-exported: pools.iter_jsonl)
 from jaxlab.errors import DataError
 
 MISSING = -1      # label not given
@@ -70,27 +71,6 @@ class AnswerPools:
   @property
   def num_questions(self) -> int:
     return len(self.ids)
-
-
-def iter_jsonl(path: str) -> Iterator[tuple[int, dict]]:
-  """Yields (line number, object) for every non-blank line of a JSONL file.
-
-  Raises:
-    DataError: missing file, invalid JSON or a line that is not a JSON object (naming the line).
-  """
-  if not os.path.isfile(path):
-    raise DataError(f"{path}: no such file")
-  with open(path, encoding="utf-8") as f:
-    for no, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        obj = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{no}: not valid JSON ({e.msg} at column {e.colno})") from None
-      if not isinstance(obj, dict):
-        raise DataError(f"{path}:{no}: expected a JSON object, got {type(obj).__name__}")
-      yield no, obj
 
 
 def _norm(x: Any, upper: bool) -> str:

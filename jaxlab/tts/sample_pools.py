@@ -28,13 +28,14 @@ from typing import Any
 
 from jaxlab import cli
 from jaxlab.errors import CheckpointError, ConfigError, DataError
+from jaxlab.data.jsonl import iter_jsonl
 from jaxlab.tts import pools
 
 
 def read_prompts(path: str) -> list[dict[str, Any]]:
   """[{"id", "prompt", "answer" (or None)}] from a prompts JSONL file (errors name the line)."""
   out, seen = [], {}
-  for no, obj in pools.iter_jsonl(path):
+  for no, obj in iter_jsonl(path):
     text = obj.get("prompt", obj.get("question"))
     if not isinstance(text, str) or not text:
       raise DataError(f"{path}:{no}: needs a non-empty string 'prompt' (or 'question')")
