@@ -19,6 +19,7 @@ EXTRAS = {
     "hf": ["safetensors>=0.4"],
     "tokenizers": ["tokenizers>=0.15"],
     "timeseries": ["statsmodels>=0.14"],   # DF-Mamba's offline real series (co2)
+    "ot": ["ott-jax>=0.5", "POT>=0.9"],     # Gaussian OT (SLOT-Align), exact W1 (diffusion subspaces)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1"]

@@ -177,3 +177,18 @@ def test_progress_bar_switch(monkeypatch):
   assert progress.enabled() and not progress.bar(10).disable
   monkeypatch.setenv("JAXLAB_PROGRESS", "0")
   assert not progress.enabled() and progress.bar(10).disable
+
+
+def test_a_hook_returning_true_stops_early_and_the_stop_survives_resume(toy, tmp_path):
+  wd = tmp_path / "early"
+  cap = Capture(12)
+  summary = _run(toy, wd, hooks=[lambda step, st: step == 12, cap], num_steps=40, checkpoint_every=5)
+  assert summary["stopped_early"] is True and summary["step"] == 12
+  assert "eval/accuracy" in summary                               # evaluated at the stop
+  steps = sorted(int(s) for s in os.listdir(wd / "checkpoints") if s.isdigit())
+  assert steps[-1] == 12
+  calls = []
+  again = _run(toy, wd, hooks=[lambda step, st: calls.append(step)], num_steps=40, checkpoint_every=5)
+  assert not calls and again["step"] == 12                        # no further training on rerun
+  md = state_lib.ModelDef(toy.train_module.model_fn(_config(toy)))
+  _assert_trees_equal(ckpt_lib.load_params(str(wd), md)[0], cap.params[12])

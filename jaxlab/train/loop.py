@@ -81,7 +81,9 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
     step_fn: jitted `(state, batch) -> (state, {name: scalar})`; donated state is fine.
     get_batch: `step -> global batch` (a pure function of the step for exact resume).
     evaluate: optional `state -> {"eval/name": float}` run every `eval_every` steps and at the end.
-    hooks: callables `(step, state)` run after each step (e.g. tests, custom logging).
+    hooks: callables `(step, state)` run after each step (e.g. tests, custom logging). A hook that returns
+      True stops the run early: the step is checkpointed, summary.json gets `"stopped_early": true`, and a
+      rerun returns that result instead of training on (early stopping that survives resume).
     extra_summary: entries added to summary.json (e.g. parameter count).
 
   Returns:
@@ -108,10 +110,12 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
       src.close()
       log.info("initialised from %s step %d", config.init_from, src_step)
   summary_path = os.path.join(workdir, "summary.json")
-  if start >= config.num_steps and os.path.exists(summary_path):
-    ckpt.close()
-    log.info("%s already finished at step %d", workdir, start)
-    return state, metrics_lib.read_json(summary_path)
+  if os.path.exists(summary_path):
+    done = metrics_lib.read_json(summary_path)
+    if start >= config.num_steps or (done.get("stopped_early") and done.get("step") == start):
+      ckpt.close()
+      log.info("%s already finished at step %d", workdir, start)
+      return state, done
   writer = metrics_lib.MetricWriter(workdir, resume_step=start, tensorboard=config.tensorboard)
   meta = {"config": config.to_dict()}
   summary: dict[str, Any] = dict(extra_summary or {})
@@ -139,8 +143,21 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
           writer.write(step, last_eval)
         if last or (config.checkpoint_every and step % config.checkpoint_every == 0):
           ckpt.save(step, state, meta, force=last)
+        stop = False
         for hook in hooks:
-          hook(step, state)
+          stop = bool(hook(step, state)) or stop
+        if stop:
+          if pending:
+            last_train = _flush(pending, writer, step, time.time() - t_log)
+            pending = []
+          if ckpt.latest_step() != step:
+            ckpt.save(step, state, meta, force=True)
+          if evaluate is not None and not last:
+            last_eval = dict(evaluate(state))
+            writer.write(step, last_eval)
+          summary["stopped_early"] = True
+          log.info("%s: a hook stopped the run at step %d", workdir, step)
+          break
         if sigterm.raised:
           raise Preempted(f"SIGTERM at step {step}")
   except KeyboardInterrupt:

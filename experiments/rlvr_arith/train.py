@@ -1,0 +1,287 @@
+"""RLVR arithmetic: SFT to a partial start, then GRPO (true or shuffled rewards) from it; greedy accuracy.
+
+Launch: python -m jaxlab.main --config experiments/rlvr_arith/config.py:tiny --workdir /tmp/rlvr_arith
+Stages (each resumable in its own sub-directory): sft/ (masked-prompt SFT on the shared loop), then one
+directory per arm of config.method.arms: grpo/ (GRPO with the answer + format reward), shuffled/ (the same with
+rewards permuted across the batch: a control with the same reward distribution but no signal), rft/
+(rejection-sampling fine-tuning: SFT on the model's own correct samples).
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import ml_collections
+import numpy as np
+
+from jaxlab import configs, mesh as mesh_lib, metrics
+from jaxlab.data import ArraySource
+from jaxlab.errors import ConfigError
+from jaxlab.lm import generate, hf, sft
+from jaxlab.lm.model import Transformer, TransformerConfig
+from jaxlab.lm.tokenizer import load_tokenizer
+from jaxlab.posttrain import arith, rewards as rewards_lib
+from jaxlab.posttrain.advantages import multi_reward_advantages
+from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn
+from jaxlab.posttrain.rft import rejection_sample
+from jaxlab.posttrain.rollout import single_turn
+from jaxlab.state import ModelDef, create_train_state, param_count
+from jaxlab.train import fit, optim, step as step_lib
+from jaxlab.train.loop import run_loop
+
+from . import config as config_lib
+
+
+def tokenizer_for(config):
+  return arith.tokenizer() if not config.model.hf_path else load_tokenizer(config.model.hf_path)
+
+
+def problems(config):
+  """(train, eval) lists of {"prompt", "completion", "answer"} (completion may be absent for jsonl)."""
+  d = config.data
+  if d.source == "addition":
+    return arith.split(d.n_train, d.n_eval, min_digits=d.min_digits, max_digits=d.max_digits,
+                       pad_operands=d.pad_operands, seed=config.seed)
+  from jaxlab.data.jsonl import iter_jsonl
+  rows = []
+  for line_no, rec in iter_jsonl(d.path):
+    if not isinstance(rec, dict) or "prompt" not in rec or "answer" not in rec:
+      raise ConfigError(f"{d.path}:{line_no}: each line needs 'prompt' and 'answer' (optional 'completion')")
+    rows.append({k: str(v) for k, v in rec.items() if k in ("prompt", "answer", "completion")})
+  if len(rows) < 2:
+    raise ConfigError(f"config.data.path={d.path!r} holds {len(rows)} problem(s); need at least 2")
+  order = np.random.default_rng(config.seed).permutation(len(rows))
+  n_eval = min(d.n_eval, len(rows) // 2)
+  return [rows[i] for i in order[n_eval:]], [rows[i] for i in order[:n_eval]]
+
+
+def model_config(config, tok) -> TransformerConfig:
+  m = config.model
+  if m.hf_path:
+    return hf.config_from_hf(m.hf_path, dtype=m.dtype)
+  return TransformerConfig(vocab_size=-(-tok.vocab_size // 8) * 8, hidden=m.hidden, n_layers=m.n_layers,
+                           n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, mlp_hidden=m.mlp_hidden,
+                           max_position=m.max_position, dtype=m.dtype, tie_embeddings=True)
+
+
+def _answer(completions, problems):
+  return rewards_lib.answer_reward(completions, [p["answer"] for p in problems])
+
+
+def _format(completions, problems):
+  return rewards_lib.format_reward(completions)
+
+
+def reward_fn(config):
+  """Composite reward over (completions, problem records): answer, verified trace, format."""
+  g = config.grpo
+  return rewards_lib.CompositeReward(("answer", "trace", "format"), (_answer, arith.trace_reward, _format),
+                                     (g.answer_weight, g.trace_weight, g.format_weight))
+
+
+def _decode(tok, ids):
+  """Completion text: the stop token dropped; ids of the padded vocabulary rows (>= tok.vocab_size) as U+FFFD."""
+  ids = [int(t) for t in ids if t != tok.eos_id]
+  if all(t < tok.vocab_size for t in ids):
+    return tok.decode(ids)
+  return "".join(tok.decode([t]) if t < tok.vocab_size else "\ufffd" for t in ids)
+
+
+def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str, float]:
+  """Greedy KV-cache generation on held-out problems: answer accuracy and format-valid rate."""
+  hits, valid = [], []
+  for s in range(0, len(evals), batch):
+    chunk = evals[s:s + batch]
+    out = generate(model, [[tok.bos_id] + tok.encode(e["prompt"]) for e in chunk], max_new_tokens,
+                   stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
+    toks, lens = jax.device_get((out.tokens, out.lengths))
+    texts = [_decode(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
+    hits += list(rewards_lib.answer_reward(texts, [e["answer"] for e in chunk]))
+    valid += list(rewards_lib.format_reward(texts))
+  return {"acc": float(np.mean(hits)), "format": float(np.mean(valid))}
+
+
+def _sub_config(config, **changes) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(config.to_dict())
+  for k, v in changes.items():
+    configs.apply_overrides(c, {k: v})
+  return c
+
+
+def run_sft(config, workdir, modeldef, tok, examples, num_steps, learning_rate, init_params=None, *, dev=None,
+            target=0.0, check_every=0):
+  """Masked-prompt SFT on the shared loop; returns (trained params as host arrays, the run's summary).
+
+  With `target` > 0, greedy accuracy on `dev` is measured every `check_every` steps and training stops at the
+  first check that reaches it (a run_loop hook returning True: the stop survives resume).
+  """
+  s = config.sft
+  c = _sub_config(config, num_steps=num_steps, batch_size=s.batch_size, log_every=min(50, num_steps),
+                  checkpoint_every=0, eval_every=0, **{"optimizer.learning_rate": learning_rate,
+                                                       "optimizer.schedule": "warmup_cosine",
+                                                       "optimizer.warmup_steps": min(s.warmup_steps, num_steps)})
+  data = sft.build_padded([{"prompt": e["prompt"], "completion": e["completion"]} for e in examples], tok,
+                          config.data.seq_len)
+
+  def reached(step, state):
+    if target <= 0 or step % check_every:
+      return False
+    model = modeldef.merge(state.params, state.model_state)
+    model.eval()
+    return greedy_eval(model, tok, dev, len(dev), config.grpo.max_new_tokens)["acc"] >= target
+
+  res = fit(c, workdir, model_fn=modeldef.model_fn, loss_fn=sft.make_loss_fn(), train_source=ArraySource(data),
+            initial_params=init_params, hooks=(reached,))
+  return jax.device_get(res.state.params), res.summary
+
+
+def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool):
+  """GRPO from `ref_params` (the SFT model, also the KL reference); returns the final TrainState."""
+  g, gcfg = config.grpo, config_lib.grpo_config(config)
+  mesh = mesh_lib.make_mesh(config.mesh)
+  rules = config.sharding_rules
+  tx, schedule = optim.make_optimizer(config.optimizer, config.num_steps * gcfg.num_iterations)  # per update
+  state, shardings = create_train_state(modeldef, tx, mesh, rules, config.seed)
+  state = state.replace(params=jax.device_put(ref_params, shardings.params))
+  ref = jax.device_put(ref_params, shardings.params)
+  bsh = mesh_lib.batch_sharding(mesh, rules)
+  update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, g.temperature), tx, schedule, shardings, bsh)
+  logps_fn = make_logps_fn(modeldef, (shardings.params, shardings.model_state), bsh, g.temperature)
+  reward = reward_fn(config)
+  prompt_ids = [[tok.bos_id] + tok.encode(e["prompt"]) for e in train]
+  width = max(len(p) for p in prompt_ids) + g.max_new_tokens
+  base_key = jax.random.key(config.seed + 7919 * (1 + shuffle))
+
+  def get_batch(step):
+    rng = np.random.default_rng([config.seed, step])
+    return rng.choice(len(train), size=config.batch_size, replace=False)
+
+  def step_fn(state, idx):
+    step = int(jax.device_get(state.step)) // gcfg.num_iterations
+    model = modeldef.merge(state.params, state.model_state)
+    model.eval()
+    roll = single_turn(model, [prompt_ids[i] for i in idx], g.num_generations,
+                       key=jax.random.fold_in(base_key, step), max_new_tokens=g.max_new_tokens,
+                       temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, width=width,
+                       mesh=mesh, rules=rules)
+    texts = [_decode(tok, r) for r in roll.generated]
+    problems = [train[i] for i in idx for _ in range(g.num_generations)]
+    comps = reward.components(texts, problems)
+    used = comps
+    if shuffle:
+      used = comps[np.random.default_rng([config.seed, step, 1]).permutation(len(texts))]
+    adv = multi_reward_advantages(used, reward.weights, g.num_generations, gcfg.advantage_estimator,
+                                  gcfg.per_reward_normalize)
+    batch = jax.device_put(roll.train_batch(adv), bsh)
+    if gcfg.beta > 0:
+      batch["ref_logps"] = logps_fn(ref, state.model_state, batch)
+    if gcfg.num_iterations > 1:
+      batch["old_logps"] = logps_fn(state.params, state.model_state, batch)
+    for _ in range(gcfg.num_iterations):
+      state, m = update(state, batch)
+    lengths = roll.loss_mask.sum(axis=1)
+    m = dict(m)
+    m.update({"rollout/reward": float(np.mean(comps @ np.asarray(reward.weights))),
+              "rollout/reward_std": float(np.std(comps @ np.asarray(reward.weights))),
+              "rollout/answer": float(comps[:, 0].mean()), "rollout/trace": float(comps[:, 1].mean()),
+              "rollout/format": float(comps[:, 2].mean()),
+              "rollout/length": float(lengths.mean()), "rollout/truncated": float(1 - roll.stopped.mean())})
+    return state, m
+
+  state, _ = run_loop(config, workdir, state, shardings, step_fn, get_batch,
+                      extra_summary={"num_params": param_count(state.params)})
+  return state
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """SFT start, then every arm of config.method.arms from it; greedy accuracy of each on held-out problems."""
+  config_lib.validate(config)
+  configs.validate(config, num_devices=jax.device_count())
+  tok = tokenizer_for(config)
+  train, evals = problems(config)
+  mcfg = model_config(config, tok)
+  model_fn = lambda rngs: Transformer(mcfg, rngs=rngs)  # noqa: E731
+  modeldef = ModelDef(model_fn)
+  initial = hf.load_hf_params(config.model.hf_path, mcfg) if config.model.hf_path else None
+  e, g = config.eval, config.grpo
+  summary: dict = {}
+  if config.sft.num_steps:
+    s = config.sft
+    dev, train = train[:s.dev_size], train[s.dev_size:]
+    start_params, info = run_sft(config, os.path.join(workdir, "sft"), modeldef, tok, train, s.num_steps,
+                                 s.learning_rate, initial, dev=dev, target=s.target_accuracy,
+                                 check_every=s.check_every)
+    summary["sft/steps"] = info["step"]
+    summary["sft/loss"] = info.get("train/loss")
+  else:
+    if initial is None:
+      raise ConfigError("config.sft.num_steps=0 needs a pretrained start: set config.model.hf_path")
+    start_params = initial
+  model = modeldef.merge(start_params, {})
+  model.eval()
+  r = greedy_eval(model, tok, evals, e.batch, g.max_new_tokens)
+  summary.update({"eval/acc_sft": r["acc"], "eval/format_sft": r["format"]})
+  for arm in config.method.arms:
+    wd = os.path.join(workdir, arm)
+    if arm == "rft":
+      params = _rft(config, wd, model, model_fn, tok, train, start_params)
+    else:
+      params = jax.device_get(run_grpo(config, wd, modeldef, start_params, tok, train,
+                                       shuffle=arm == "shuffled").params)
+    m = modeldef.merge(params, {})
+    m.eval()
+    r = greedy_eval(m, tok, evals, e.batch, g.max_new_tokens)
+    summary.update({f"eval/acc_{arm}": r["acc"], f"eval/format_{arm}": r["format"],
+                    f"eval/gain_{arm}": r["acc"] - summary["eval/acc_sft"]})
+  summary["num_params"] = param_count(start_params)
+  summary["num_eval"] = len(evals)
+  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+  return summary
+
+
+def _rft(config, workdir, model, model_fn, tok, train, start_params):
+  """Rejection-sampling fine-tuning: SFT from the start on its own correct, well-formatted samples."""
+  r = config.rft
+  idx = np.random.default_rng([config.seed, 2]).choice(len(train), size=min(r.prompts, len(train)), replace=False)
+  g = config.grpo
+  recs, stats = rejection_sample(model, [train[i]["prompt"] for i in idx], [train[i] for i in idx], tok,
+                                 reward_fn(config), k=r.samples, key=jax.random.key(config.seed + 3),
+                                 max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+                                 threshold=g.answer_weight + g.trace_weight)
+  os.makedirs(workdir, exist_ok=True)
+  metrics.write_json(os.path.join(workdir, "rft_stats.json"), stats)
+  if not recs:
+    return start_params
+  return run_sft(config, workdir, ModelDef(model_fn), tok, recs, r.num_steps, r.learning_rate, start_params)[0]
+
+
+def plot(runs, workdirs, out_dir):
+  """Greedy accuracy per arm (bars over seeds) and the GRPO reward curves; returns the PNG paths."""
+  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  arms = ["sft"] + [a for a in ARMS_ORDER if f"eval/acc_{a}" in runs[0]]
+  fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+  for k, r in enumerate(runs):
+    ax[0].plot(arms, [r[f"eval/acc_{a}"] for a in arms], "o-", alpha=0.7, label=f"seed {k}")
+  ax[0].set_ylabel("greedy accuracy (held out)")
+  ax[0].legend()
+  for k, wd in enumerate(workdirs):
+    for arm, style in (("grpo", "-"), ("shuffled", "--")):
+      rows = [x for x in metrics.read_metrics(os.path.join(wd, arm)) if "rollout/answer" in x]
+      if rows:
+        ax[1].plot([x["step"] for x in rows], [x["rollout/answer"] for x in rows], style, color=f"C{k}",
+                   label=f"{arm} ({'solid' if style == '-' else 'dashed'})" if k == 0 else None)
+  ax[1].set_xlabel("GRPO step")
+  ax[1].set_ylabel("sampled answer reward")
+  ax[1].legend()
+  fig.tight_layout()
+  path = os.path.join(out_dir, "rlvr_arith.png")
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  paths.append(path)
+  return paths
+
+
+ARMS_ORDER = ("grpo", "shuffled", "rft")
