@@ -23,7 +23,7 @@ from jaxlab.lm.model import Transformer, TransformerConfig
 from jaxlab.lm.tokenizer import load_tokenizer
 from jaxlab.posttrain import arith, rewards as rewards_lib
 from jaxlab.posttrain.advantages import multi_reward_advantages
-from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn
+from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn, per_token_logps
 from jaxlab.posttrain.rft import rejection_sample
 from jaxlab.posttrain.rollout import single_turn
 from jaxlab.state import ModelDef, create_train_state, param_count
@@ -100,6 +100,22 @@ def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str,
     hits += list(rewards_lib.answer_reward(texts, [e["answer"] for e in chunk]))
     valid += list(rewards_lib.format_reward(texts))
   return {"acc": float(np.mean(hits)), "format": float(np.mean(valid))}
+
+
+def kl_to_reference(model, ref, tok, evals, config, prompts: int = 64, samples: int = 4) -> float:
+  """Monte Carlo KL(pi || ref) per completion of the sampling policies (softmax(logits / T)), in nats.
+
+  Completions of `prompts` held-out problems (`samples` each, fixed key) are drawn from `model`; the estimate is
+  the mean over completions of sum_t (log pi - log ref) (k1: unbiased for the sequence-level KL).
+  """
+  g = config.grpo
+  ids = [[tok.bos_id] + tok.encode(e["prompt"]) for e in evals[:prompts]]
+  roll = single_turn(model, ids, samples, key=jax.random.key(config.seed + 11), max_new_tokens=g.max_new_tokens,
+                     temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
+  args = (roll.tokens, roll.positions, roll.segment_ids)
+  diff = (per_token_logps(model, *args, temperature=g.temperature)
+          - per_token_logps(ref, *args, temperature=g.temperature))
+  return float(np.mean(np.sum(np.asarray(diff) * roll.loss_mask, axis=1)))
 
 
 def _sub_config(config, **changes) -> ml_collections.ConfigDict:
@@ -233,7 +249,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     m.eval()
     r = greedy_eval(m, tok, evals, e.batch, g.max_new_tokens)
     summary.update({f"eval/acc_{arm}": r["acc"], f"eval/format_{arm}": r["format"],
-                    f"eval/gain_{arm}": r["acc"] - summary["eval/acc_sft"]})
+                    f"eval/gain_{arm}": r["acc"] - summary["eval/acc_sft"],
+                    f"eval/kl_{arm}": kl_to_reference(m, model, tok, evals, config)})
   summary["num_params"] = param_count(start_params)
   summary["num_eval"] = len(evals)
   metrics.write_json(os.path.join(workdir, "summary.json"), summary)

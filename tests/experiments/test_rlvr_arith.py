@@ -35,6 +35,8 @@ def test_end_to_end_every_arm_and_resume(tmp_path):
   first = _run(tmp_path, over)
   for arm in ("sft", "grpo", "shuffled", "rft"):
     assert 0.0 <= first[f"eval/acc_{arm}"] <= 1.0 and 0.0 <= first[f"eval/format_{arm}"] <= 1.0
+  for arm in ("grpo", "shuffled", "rft"):
+    assert np.isfinite(first[f"eval/kl_{arm}"])
   for arm in ("grpo", "shuffled"):
     rows = metrics.read_metrics(str(tmp_path / arm))
     assert [r["step"] for r in rows] == [1, 2, 3]
