@@ -47,8 +47,14 @@ def plot_curves(workdirs: Sequence[str], keys: Sequence[str], path: str, labels:
   axes[0][0].legend(fontsize=8)
   if title:
     fig.suptitle(title)
+  return save(fig, os.path.dirname(os.path.abspath(path)), os.path.basename(path))
+
+
+def save(fig, out_dir: str, name: str, dpi: int = 110) -> str:
+  """Lays out, writes `out_dir/name` (folders created) and closes a figure; returns the path."""
   fig.tight_layout()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  fig.savefig(path, dpi=110)
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, name)
+  fig.savefig(path, dpi=dpi)
   plt.close(fig)
   return path

@@ -98,7 +98,7 @@ def _write_curve(workdir: str, name: str, curve, log_every: int) -> None:
 
 def plot(runs, workdirs, out_dir):
   """Race curves (f / f0 vs forward passes, mean over seeds) and the variance study."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
   curves = [json.load(open(os.path.join(w, "curves.json"))) for w in workdirs
             if os.path.exists(os.path.join(w, "curves.json"))]
@@ -129,8 +129,5 @@ def plot(runs, workdirs, out_dir):
     axes[1].set_yscale("log")
     axes[1].set_ylabel("total variance of the HT estimator")
     axes[1].legend(fontsize=8)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "curvzo.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "curvzo.png")
   return [path]

@@ -170,7 +170,7 @@ def summarise(summary: dict) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Test MSE (or accuracy) of each model at each eval length, mean and spread over seeds; forecasts."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   del workdirs
   pattern = re.compile(r"^(mse|acc)(\d+)/")
   keys = sorted({k for r in runs for k in r if pattern.match(k)})
@@ -190,8 +190,5 @@ def plot(runs, workdirs, out_dir):
   ax.set_ylabel("test MSE (z-scored)" if metric == "mse" else "test accuracy")
   ax.set_title("trained at the first length; longer = zero-shot")
   ax.legend()
-  fig.tight_layout()
-  path = os.path.join(out_dir, "df_mamba_zero_shot.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "df_mamba_zero_shot.png")
   return [path]

@@ -100,7 +100,7 @@ def summarise(rows, config) -> dict:
 def plot(runs, workdirs, out_dir):
   """W1 (top) and sliced W1 (bottom) vs n, log-log, per setting: generated (KDE, DSM), training-set baseline,
   and the predicted slope -1/max(k, 2) (W1) / -1/2 (sliced W1) anchored at the baseline's first point."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   import json  # pylint: disable=g-import-not-at-top
   rows = [metrics.read_metrics(w) for w in workdirs]
   with open(os.path.join(workdirs[0], "config.json")) as f:
@@ -137,8 +137,5 @@ def plot(runs, workdirs, out_dir):
       ax.grid(alpha=0.3, which="both")
       if col == 0:
         ax.legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "diffusion_subspaces_w1.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "diffusion_subspaces_w1.png")
   return [path]

@@ -77,7 +77,7 @@ def control(config, tokens, top, gd_steps: int) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """All logged dynamics against GD steps, one column per seed, with the detected stages shaded."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   panels = (("train/loss", "loss"), ("dyn/share_E", "top-1 share"), ("dyn/rank_E", "numerical rank"),
             ("dyn/qk_ratio", "||W_Q W_K^T|| / init"), ("dyn/focus", "focus index"), ("dyn/entropy", "attention entropy"))
   n = max(len(workdirs), 1)
@@ -112,8 +112,5 @@ def plot(runs, workdirs, out_dir):
         ax.set_title(os.path.basename(os.path.normpath(wd)), fontsize=9)
         ax.legend(fontsize=6)
     axes[-1, j].set_xlabel("GD steps")
-  fig.tight_layout()
-  path = os.path.join(out_dir, "focus_dilution_dynamics.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  path = save(fig, out_dir, "focus_dilution_dynamics.png", dpi=100)
   return [path]

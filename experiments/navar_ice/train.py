@@ -202,15 +202,13 @@ def _curve_figure(plt, z, edges, path, title):
     ax.axis("off")
   axes[0][0].legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
-  fig.tight_layout()
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
-  return path
+  from jaxlab.plotting import save  # pylint: disable=g-import-not-at-top
+  return save(fig, os.path.dirname(path), os.path.basename(path), dpi=100)
 
 
 def plot(runs, workdirs, out_dir):
   """Per seed: the response functions (PD vs the true function for synthetic data) and the edge-score matrix."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top
   paths = []
   rows = len(workdirs)
   fig, axes = plt.subplots(rows, 5, figsize=(17, 3.0 * rows), squeeze=False)
@@ -258,9 +256,6 @@ def plot(runs, workdirs, out_dir):
     auc = runs[r].get("auroc", float("nan"))
     ax.set_title(f"{os.path.basename(os.path.normpath(wd))}: edge scores (AUROC {auc:.3f})", fontsize=8)
     fig.colorbar(im, ax=ax, fraction=0.046)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "navar_ice_response.png")
-  fig.savefig(path, dpi=100)
-  plt.close(fig)
+  path = save(fig, out_dir, "navar_ice_response.png", dpi=100)
   paths.append(path)
   return paths

@@ -99,7 +99,7 @@ def summarise(rows, config) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """SC rate vs budget: offline OKG vs uniform, online vs uniform (test split), online spend vs target."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
 
   def curve(kind):
     pts = {}
@@ -141,8 +141,5 @@ def plot(runs, workdirs, out_dir):
   axes[2].set_title("online spend")
   axes[2].legend(fontsize=8)
   axes[2].grid(alpha=0.3)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "pets_sc_rate.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "pets_sc_rate.png")
   return [path]

@@ -25,7 +25,7 @@ from jaxlab.posttrain import arith, rewards as rewards_lib
 from jaxlab.posttrain.advantages import multi_reward_advantages
 from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn, per_token_logps
 from jaxlab.posttrain.rft import rejection_sample
-from jaxlab.posttrain.rollout import single_turn
+from jaxlab.posttrain.rollout import decode_completion, single_turn
 from jaxlab.state import ModelDef, create_train_state, param_count
 from jaxlab.train import fit, optim, step as step_lib
 from jaxlab.train.loop import run_loop
@@ -80,14 +80,6 @@ def reward_fn(config):
                                      (g.answer_weight, g.trace_weight, g.format_weight))
 
 
-def _decode(tok, ids):
-  """Completion text: the stop token dropped; ids of the padded vocabulary rows (>= tok.vocab_size) as U+FFFD."""
-  ids = [int(t) for t in ids if t != tok.eos_id]
-  if all(t < tok.vocab_size for t in ids):
-    return tok.decode(ids)
-  return "".join(tok.decode([t]) if t < tok.vocab_size else "\ufffd" for t in ids)
-
-
 def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str, float]:
   """Greedy KV-cache generation on held-out problems: answer accuracy and format-valid rate."""
   hits, valid = [], []
@@ -96,7 +88,7 @@ def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str,
     out = generate(model, [[tok.bos_id] + tok.encode(e["prompt"]) for e in chunk], max_new_tokens,
                    stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
     toks, lens = jax.device_get((out.tokens, out.lengths))
-    texts = [_decode(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
+    texts = [decode_completion(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
     hits += list(rewards_lib.answer_reward(texts, [e["answer"] for e in chunk]))
     valid += list(rewards_lib.format_reward(texts))
   return {"acc": float(np.mean(hits)), "format": float(np.mean(valid))}
@@ -171,17 +163,17 @@ def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool
 
   def get_batch(step):
     rng = np.random.default_rng([config.seed, step])
-    return rng.choice(len(train), size=config.batch_size, replace=False)
+    return step, rng.choice(len(train), size=config.batch_size, replace=False)
 
-  def step_fn(state, idx):
-    step = int(jax.device_get(state.step)) // gcfg.num_iterations
+  def step_fn(state, batch_idx):
+    step, idx = batch_idx
     model = modeldef.merge(state.params, state.model_state)
     model.eval()
     roll = single_turn(model, [prompt_ids[i] for i in idx], g.num_generations,
                        key=jax.random.fold_in(base_key, step), max_new_tokens=g.max_new_tokens,
                        temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, width=width,
                        mesh=mesh, rules=rules)
-    texts = [_decode(tok, r) for r in roll.generated]
+    texts = [decode_completion(tok, r) for r in roll.generated]
     problems = [train[i] for i in idx for _ in range(g.num_generations)]
     comps = reward.components(texts, problems)
     used = comps
@@ -217,8 +209,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   tok = tokenizer_for(config)
   train, evals = problems(config)
   mcfg = model_config(config, tok)
-  model_fn = lambda rngs: Transformer(mcfg, rngs=rngs)  # noqa: E731
-  modeldef = ModelDef(model_fn)
+  modeldef = ModelDef(lambda rngs: Transformer(mcfg, rngs=rngs))
   initial = hf.load_hf_params(config.model.hf_path, mcfg) if config.model.hf_path else None
   e, g = config.eval, config.grpo
   summary: dict = {}
@@ -241,7 +232,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   for arm in config.method.arms:
     wd = os.path.join(workdir, arm)
     if arm == "rft":
-      params = _rft(config, wd, model, model_fn, tok, train, start_params)
+      params = _rft(config, wd, model, modeldef, tok, train, start_params)
     else:
       params = jax.device_get(run_grpo(config, wd, modeldef, start_params, tok, train,
                                        shuffle=arm == "shuffled").params)
@@ -257,7 +248,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   return summary
 
 
-def _rft(config, workdir, model, model_fn, tok, train, start_params):
+def _rft(config, workdir, model, modeldef, tok, train, start_params):
   """Rejection-sampling fine-tuning: SFT from the start on its own correct, well-formatted samples."""
   r = config.rft
   idx = np.random.default_rng([config.seed, 2]).choice(len(train), size=min(r.prompts, len(train)), replace=False)
@@ -270,15 +261,15 @@ def _rft(config, workdir, model, model_fn, tok, train, start_params):
   metrics.write_json(os.path.join(workdir, "rft_stats.json"), stats)
   if not recs:
     return start_params
-  return run_sft(config, workdir, ModelDef(model_fn), tok, recs, r.num_steps, r.learning_rate, start_params)[0]
+  return run_sft(config, workdir, modeldef, tok, recs, r.num_steps, r.learning_rate, start_params)[0]
 
 
 def plot(runs, workdirs, out_dir):
   """Greedy accuracy per arm (bars over seeds) and the GRPO reward curves; returns the PNG paths."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   os.makedirs(out_dir, exist_ok=True)
   paths = []
-  arms = ["sft"] + [a for a in ARMS_ORDER if f"eval/acc_{a}" in runs[0]]
+  arms = ["sft"] + [a for a in config_lib.ARMS if f"eval/acc_{a}" in runs[0]]
   fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
   for k, r in enumerate(runs):
     ax[0].plot(arms, [r[f"eval/acc_{a}"] for a in arms], "o-", alpha=0.7, label=f"seed {k}")
@@ -293,12 +284,7 @@ def plot(runs, workdirs, out_dir):
   ax[1].set_xlabel("GRPO step")
   ax[1].set_ylabel("sampled answer reward")
   ax[1].legend()
-  fig.tight_layout()
-  path = os.path.join(out_dir, "rlvr_arith.png")
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  path = save(fig, out_dir, "rlvr_arith.png", dpi=120)
   paths.append(path)
   return paths
 
-
-ARMS_ORDER = ("grpo", "shuffled", "rft")

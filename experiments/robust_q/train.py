@@ -103,7 +103,7 @@ def summarise(rows, config) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Q error vs steps (log-log) per learner, and the final error vs epsilon (the corruption floor)."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   rows = [metrics.read_metrics(w) for w in workdirs]
   cfg = metrics.read_json(os.path.join(workdirs[0], "config.json"))
   ests = list(cfg["method"]["estimators"])
@@ -152,8 +152,5 @@ def plot(runs, workdirs, out_dir):
     else:
       ax.set_yscale("log")
       ax.set_title(f"all estimators (log scale, M={m0:g})")
-  fig.tight_layout()
-  path = os.path.join(out_dir, "robust_q_errors.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "robust_q_errors.png")
   return [path]

@@ -118,7 +118,7 @@ def summarise(rows) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Macro accuracy vs tau, one line per alpha (mean +- std over seeds)."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   del workdirs
   fig, ax = plt.subplots(figsize=(5.5, 3.8))
   alphas = sorted({k.split("/")[1] for r in runs for k in r if k.startswith("acc/")})
@@ -130,8 +130,5 @@ def plot(runs, workdirs, out_dir):
   ax.set_ylabel("macro accuracy over domains")
   ax.set_title("SLOT-Align: one-shot FedAvg on aligned features")
   ax.legend()
-  fig.tight_layout()
-  path = os.path.join(out_dir, "slot_align_tau.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "slot_align_tau.png")
   return [path]

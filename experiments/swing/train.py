@@ -125,7 +125,7 @@ def downstream(config, key, mesh) -> dict:
 
 def plot(runs, workdirs, out_dir):
   """Error vs walks per node (log-log) for the three estimators, and the running-mean error vs seeds."""
-  from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
+  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
   rows = [metrics.read_metrics(w) for w in workdirs]
   for name, color in (("uniform", "tab:red"), ("oracle", "tab:green"), ("swing", "tab:blue")):
@@ -155,8 +155,5 @@ def plot(runs, workdirs, out_dir):
   axes[1].set_xlabel("independent SWING estimates averaged")
   axes[1].set_ylabel("error of their mean")
   axes[1].legend(fontsize=7)
-  fig.tight_layout()
-  path = os.path.join(out_dir, "swing_error.png")
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  path = save(fig, out_dir, "swing_error.png")
   return [path]

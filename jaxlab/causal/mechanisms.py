@@ -25,14 +25,14 @@ Label rules, applied in this order (the spec's criteria; the numeric cut-offs ar
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 LABELS = ("flat", "sign-changing", "threshold", "saturating", "monotone", "nonlinear")
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
   """Spearman rank correlation (average ranks for ties)."""
-  from jaxlab.causal.scores import _average_ranks  # pylint: disable=g-import-not-at-top
-  ra, rb = _average_ranks(np.asarray(a, np.float64)), _average_ranks(np.asarray(b, np.float64))
+  ra, rb = stats.rankdata(np.asarray(a, np.float64)), stats.rankdata(np.asarray(b, np.float64))
   ra, rb = ra - ra.mean(), rb - rb.mean()
   den = np.sqrt((ra ** 2).sum() * (rb ** 2).sum())
   return float((ra * rb).sum() / den) if den > 0 else 0.0

@@ -8,6 +8,7 @@ in the NAVAR paper's DREAM3 / CauseMe evaluation).
 from __future__ import annotations
 
 import numpy as np
+from scipy import stats
 
 
 def edge_scores(contrib_bij: np.ndarray, weights_b: np.ndarray | None = None) -> np.ndarray:
@@ -25,20 +26,6 @@ def edge_scores(contrib_bij: np.ndarray, weights_b: np.ndarray | None = None) ->
   w = w / w.sum()
   mean = np.einsum("b,bij->ij", w, c)
   return np.sqrt(np.einsum("b,bij->ij", w, (c - mean) ** 2))
-
-
-def _average_ranks(x: np.ndarray) -> np.ndarray:
-  order = np.argsort(x, kind="mergesort")
-  ranks = np.empty(len(x), np.float64)
-  sx = x[order]
-  i = 0
-  while i < len(x):
-    j = i
-    while j + 1 < len(x) and sx[j + 1] == sx[i]:
-      j += 1
-    ranks[order[i:j + 1]] = 0.5 * (i + j) + 1.0
-    i = j + 1
-  return ranks
 
 
 def auroc(scores: np.ndarray, truth: np.ndarray, ignore_self_links: bool = True) -> float:
@@ -60,7 +47,7 @@ def auroc(scores: np.ndarray, truth: np.ndarray, ignore_self_links: bool = True)
   pos, neg = int(t.sum()), int((~t).sum())
   if pos == 0 or neg == 0:
     return float("nan")
-  r = _average_ranks(s)
+  r = stats.rankdata(s)  # average ranks for ties
   return float((r[t].sum() - pos * (pos + 1) / 2) / (pos * neg))
 
 

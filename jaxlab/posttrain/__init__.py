@@ -10,5 +10,5 @@ from jaxlab.posttrain.grpo import (GRPOConfig, aggregate, grpo_loss, kl_estimate
                                    make_logps_fn, per_token_logps)
 from jaxlab.posttrain.rewards import (CompositeReward, answer_reward, format_reward, parse_tagged,
                                       tool_call_reward)
-from jaxlab.posttrain.rollout import RolloutBatch, multi_turn, sampler_policy, single_turn
+from jaxlab.posttrain.rollout import RolloutBatch, decode_completion, multi_turn, sampler_policy, single_turn
 from jaxlab.posttrain import arith, rft

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from jaxlab.posttrain.rewards import RewardFn
-from jaxlab.posttrain.rollout import single_turn
+from jaxlab.posttrain.rollout import decode_completion, single_turn
 
 
 def rejection_sample(model, prompts: Sequence[str], answers: Sequence[str], tokenizer, reward_fn: RewardFn, *,
@@ -42,7 +42,7 @@ def rejection_sample(model, prompts: Sequence[str], answers: Sequence[str], toke
   ids = [[tokenizer.bos_id] + tokenizer.encode(p) for p in prompts]
   roll = single_turn(model, ids, k, key=key, max_new_tokens=max_new_tokens, temperature=temperature,
                      stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
-  texts = [tokenizer.decode([t for t in g if t != tokenizer.eos_id]) for g in roll.generated]
+  texts = [decode_completion(tokenizer, g) for g in roll.generated]
   rewards = np.asarray(reward_fn(texts, [a for a in answers for _ in range(k)]), np.float32)
   records, covered = [], set()
   for p in range(len(prompts)):

@@ -72,6 +72,16 @@ class RolloutBatch:
             "loss_mask": self.loss_mask, "advantages": adv[self.trajectory]}
 
 
+def decode_completion(tokenizer, ids) -> str:
+  """Text of generated ids: stop token (`tokenizer.eos_id`) dropped; ids of padded vocabulary rows
+  (>= tokenizer.vocab_size, e.g. a vocab rounded up to a multiple of 8 for sharding) become U+FFFD, so a sample
+  that picked one is scored as wrong instead of crashing the decoder."""
+  ids = [int(t) for t in ids if int(t) != tokenizer.eos_id]
+  if all(t < tokenizer.vocab_size for t in ids):
+    return tokenizer.decode(ids)
+  return "".join(tokenizer.decode([t]) if t < tokenizer.vocab_size else "\ufffd" for t in ids)
+
+
 def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
                    stop_tokens: Sequence[int] = (), pad_id: int = 0, bucket: int = 16, mesh=None,
                    rules=None) -> Policy:
