@@ -66,7 +66,8 @@ def get_config(arg=None):
       coupled=True))          # common random numbers in the Monte Carlo gains (calibrated, see README)
   c.online = ml_collections.ConfigDict(dict(
       enabled=True, train_size=30, k0=4, budgets=(4, 8, 12, 16, 24, 32), max_per_question=64, k_min_curve=3,
-      k_max_curve=40, subsample_draws=2000, curve="probit", probit_eps=1e-6, budget_guard=True))
+      k_max_curve=40, subsample_draws=2000, curve="probit", probit_eps=1e-12, budget_guard=True,
+      tie_break="min"))       # official online code: ties to the smallest option (offline: the earliest answer)
   c.batch_size = 8    # unused (the allocation is vectorised over questions)
   c.log_every = 1
   c.checkpoint_every = 1
@@ -111,8 +112,9 @@ def validate(c):
     raise ConfigError("config.method.nsamples and config.method.batch_size must be >= 1")
   if not (m.c > 0 and m.conf_scale > 0):
     raise ConfigError("config.method.c and config.method.conf_scale must be > 0")
-  if m.tie_break not in ("first", "min"):
-    raise ConfigError(f"config.method.tie_break={m.tie_break!r}: use first or min")
+  for name, tb in (("method", m.tie_break), ("online", o.tie_break)):
+    if tb not in ("first", "min"):
+      raise ConfigError(f"config.{name}.tie_break={tb!r}: use first or min")
   if not d.pool_file:
     if d.num_options < 2 or len(d.easy_alpha) != d.num_options or len(d.hard_alpha) != d.num_options:
       raise ConfigError(f"config.data.easy_alpha / hard_alpha need data.num_options={d.num_options} (>= 2) entries")

@@ -99,7 +99,7 @@ def online_metrics(config, data: dict) -> dict:
   """Calibrates the bucket model on the first train_size questions and sweeps the average budget on the rest."""
   o = config.online
   m = data["num_options"]
-  tie = config.method.tie_break
+  tie = o.tie_break
   ans, lengths, labels, gold = data["answers"], data["lengths"], data["labels"], data["gold"]
   conf = data["conf"] if config.method.weighted else None
   usable = lengths >= o.k0

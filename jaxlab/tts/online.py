@@ -127,7 +127,7 @@ class BucketModel:
 
 def calibrate(answers_qn: np.ndarray, lengths_q: np.ndarray, labels_q: np.ndarray, num_options: int, *, k0: int = 4,
               k_min: int = 3, k_max: int = 40, curve_k_max: int = 64, draws: int = 2000, seed: int = 0,
-              probit_eps: float = 1e-6) -> BucketModel:
+              probit_eps: float = 1e-12) -> BucketModel:
   """Fits the bucket model on calibration questions (their full pools and pool-majority labels).
 
   Args:
@@ -173,8 +173,8 @@ def greedy_bucket_plan(model: BucketModel, avg_budget: float, *, b_max: int = 64
   Starts at B_t = k0 and adds one answer at a time to the bucket with the largest marginal gain
   A_t(B_t + 1) - A_t(B_t) (every bucket's answer costs pi_t in expectation, and so does its gain) while
   sum_t pi_t B_t stays <= avg_budget (checked exactly on the running sum) and B_t <= b_max. A bucket whose
-  next answer does not fit is closed. Buckets never seen in calibration (pi_t = 0) get
-  clip(floor(avg_budget), k0, b_max) (reconstructed: the official rule is not public).
+  next answer does not fit is closed. Buckets never seen in calibration (pi_t = 0) stay at k0, as in the
+  official code (their fitted curve is flat there, so they never gain).
 
   Args:
     model: calibrated `BucketModel`.
@@ -196,7 +196,6 @@ def greedy_bucket_plan(model: BucketModel, avg_budget: float, *, b_max: int = 64
   pi = np.asarray(model.pi_t, np.float64)
   plan = np.full(pi.shape, k0, np.int64)
   unseen = pi <= 0
-  plan[unseen] = min(max(int(math.floor(avg_budget)), k0), b_max)
   spent = math.fsum(pi * plan)
   heap = [(-model.gain(t, k0, kind), t) for t in range(len(pi)) if not unseen[t] and k0 < b_max]
   heapq.heapify(heap)

@@ -203,7 +203,7 @@ def mv_accuracy_curves(theta_qm: np.ndarray, k_max: int, labels_q: np.ndarray | 
       np.zeros((0, int(k_max)))
 
 
-def probit_fit(ks: Sequence[float], acc: Sequence[float], eps: float = 1e-6) -> tuple[float, float]:
+def probit_fit(ks: Sequence[float], acc: Sequence[float], eps: float = 1e-12) -> tuple[float, float]:
   """Least-squares fit of Phi^-1(A(k)) = a sqrt(k) + b.
 
   Args:

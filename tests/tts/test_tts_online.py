@@ -70,7 +70,7 @@ def test_greedy_plan_respects_the_budget_and_is_maximal():
 def test_greedy_plan_unseen_buckets_and_errors():
   model = _model([0.5, 0.5, 0.0], [(0.5, 0.0), (0.2, 0.0), (np.nan, np.nan)])
   plan = online.greedy_bucket_plan(model, 10.7, b_max=64, k0=4)
-  assert plan[2] == 10
+  assert plan[2] == 4                         # official rule: an unseen bucket keeps the warm-up only
   with pytest.raises(ValueError, match="avg_budget"):
     online.greedy_bucket_plan(model, 3.0)
   with pytest.raises(ValueError, match="kind"):
