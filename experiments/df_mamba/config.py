@@ -41,7 +41,7 @@ def get_config(arg=None):
   c.model = ml_collections.ConfigDict(dict(
       models=MODELS, d_model=32, d_state=8, d_conv=4, expand=1.0, ratio=2, min_len=32, tau=1.0,
       flat_layers=1, aggregate="top_down", channel_independent=True, level_dropout=0.5, chunk=0,
-      scan_impl="auto"))
+      scan_impl="auto", discretization="euler"))
   c.method = ml_collections.ConfigDict(dict(lambda_rec=0.1, lambda_cons=0.1, zoh_ratio=2, zoh_delta=0.05))
   c.batch_size = 16
   c.num_steps = 800
@@ -90,6 +90,11 @@ def validate(c):
     raise ConfigError(f"config.model.aggregate={c.model.aggregate!r}: use 'softmax' or 'top_down'")
   if c.model.chunk < 0 or (c.model.chunk and c.model.min_len % c.model.chunk):
     raise ConfigError(f"config.model.chunk={c.model.chunk} must be 0 or divide model.min_len={c.model.min_len}")
+  if c.model.discretization not in ("euler", "zoh"):
+    raise ConfigError(f"config.model.discretization={c.model.discretization!r}: use 'euler' (Mamba) or 'zoh'")
+  if c.model.discretization == "zoh" and c.model.scan_impl not in ("auto", "xla", "associative"):
+    raise ConfigError(f"config.model.discretization='zoh' needs config.model.scan_impl auto, xla or associative "
+                      f"(the Pallas kernels implement Mamba's Euler rule), got {c.model.scan_impl!r}")
   if c.model.ratio < 2:
     raise ConfigError(f"config.model.ratio={c.model.ratio} must be >= 2")
   if c.method.lambda_rec < 0 or c.method.lambda_cons < 0:

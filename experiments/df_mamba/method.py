@@ -109,7 +109,7 @@ def make_model(c, mode: str, data: Data, rngs) -> multiscale.FractalMamba:
       data.in_features, data.out_features, m.d_model, mode=mode, ratio=m.ratio, min_len=m.min_len,
       pool="mean" if data.classification else "last", aggregate=m.aggregate, flat_layers=m.flat_layers,
       tau=m.tau, chunk=m.chunk, d_state=m.d_state, d_conv=m.d_conv, expand=m.expand, scan_impl=m.scan_impl,
-      rngs=rngs)
+      discretization=m.discretization, rngs=rngs)
 
 
 def channels_first(x_blc: jax.Array) -> jax.Array:

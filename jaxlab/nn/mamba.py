@@ -11,6 +11,7 @@ Equations implemented, per block, with x of shape (batch, length, d_model) and d
     Delta     = softplus(dt W_dt + b_dt) [* delta_scale]  (d_inner,) per position; Euler rule for B
     A         = -exp(A_log)                              (d_inner, d_state)
     h_t       = exp(Delta_t A) * h_{t-1} + (Delta_t u_t) B_t      h: (batch, d_inner, d_state), h_{-1} = 0
+                (discretization="zoh": (exp(Delta_t A) - 1) / A instead of Delta_t, exact for a held input)
     y_t       = <C_t, h_t> + D u_t
     out       = (y * SiLU(z)) W_out                      (batch, length, d_model)
 
@@ -50,7 +51,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlab.errors import CheckpointError, require
-from jaxlab.kernels.selective_scan import selective_scan, sharded
+from jaxlab.kernels.selective_scan import reference, selective_scan, sharded
 
 Cache = tuple[jax.Array, jax.Array]
 
@@ -194,6 +195,8 @@ class MambaBlock(nnx.Module):
     conv_bias: conv1d has a bias.
     bias: in_proj / out_proj have biases.
     scan_impl: `impl` passed to `selective_scan` ("auto", "xla", "pallas", "interpret", ...).
+    discretization: "euler" (Mamba: B_bar = Delta B) or "zoh" (exact zero-order hold for B as well,
+      B_bar = (exp(Delta A) - 1) / A B; needs scan_impl "auto", "xla" or "associative").
     dtype: computation dtype (parameters stay float32; the scan accumulates in float32).
     out_proj_init_scale: multiplies the out_proj init (the LM passes 1/sqrt(n_layer)).
     scan_mesh, scan_axes: run the scan per shard of this mesh, (batch axis, d_inner axis) (see
@@ -206,8 +209,11 @@ class MambaBlock(nnx.Module):
                dt_init: str = "random", dt_scale: float = 1.0, dt_init_floor: float = 1e-4,
                conv_bias: bool = True, bias: bool = False, scan_impl: str = "auto", dtype=jnp.float32,
                *, out_proj_init_scale: float = 1.0, scan_mesh=None,
-               scan_axes: tuple[str | None, str | None] = ("data", "model"), rngs: nnx.Rngs):
+               scan_axes: tuple[str | None, str | None] = ("data", "model"), discretization: str = "euler",
+               rngs: nnx.Rngs):
     d_inner = int(expand * d_model)
+    if discretization not in ("euler", "zoh"):
+      raise ValueError(f"MambaBlock: discretization must be 'euler' or 'zoh', got {discretization!r}")
     dt_rank = math.ceil(d_model / 16) if dt_rank == "auto" else int(dt_rank)
     if dt_init not in ("random", "constant"):
       raise ValueError(f"MambaBlock: dt_init must be 'random' or 'constant', got {dt_init!r}")
@@ -215,6 +221,7 @@ class MambaBlock(nnx.Module):
       raise ValueError(f"MambaBlock: need 0 < dt_min <= dt_max, got dt_min={dt_min}, dt_max={dt_max}")
     self.d_model, self.d_state, self.d_conv, self.d_inner, self.dt_rank = d_model, d_state, d_conv, d_inner, dt_rank
     self.scan_impl = scan_impl
+    self.discretization = discretization
     self.scan_mesh, self.scan_axes = scan_mesh, tuple(scan_axes)   # see `set_scan_mesh`
     self.dtype = dtype
     with nnx.use_eager_sharding(False):   # logical names are mapped to the mesh by jaxlab.state
@@ -257,6 +264,8 @@ class MambaBlock(nnx.Module):
     A = -jnp.exp(self.A_log[...])
     fused = delta_scale is None
     kwargs = dict(delta_softplus=fused, return_last_state=return_last_state, impl=self.scan_impl)
+    if self.discretization == "zoh":
+      kwargs["zoh_b"] = True
     scan = selective_scan
     if self.scan_mesh is not None:
       scan = sharded(self.scan_mesh, batch_axis=self.scan_axes[0], dim_axis=self.scan_axes[1], **kwargs)
@@ -349,7 +358,9 @@ class MambaBlock(nnx.Module):
       d = self._scaled_delta(delta, delta_scale).astype(jnp.float32)
     A = -jnp.exp(self.A_log[...])
     uf = u.astype(jnp.float32)
-    h = jnp.exp(d[..., None] * A) * h + (d * uf)[..., None] * B.astype(jnp.float32)[:, None, :]
+    da = d[..., None] * A
+    gain = reference.zoh_input_gain(d, da, A, self.discretization == "zoh")
+    h = jnp.exp(da) * h + gain * uf[..., None] * B.astype(jnp.float32)[:, None, :]
     y = jnp.einsum("bdn,bn->bd", h, C.astype(jnp.float32)) + uf * self.D[...]
     y = (y * jax.nn.silu(z.astype(jnp.float32))).astype(self.dtype)
     return self.out_proj(y), (window[:, 1:].astype(conv_state.dtype), h)

@@ -112,12 +112,16 @@ class FractalMamba(nnx.Module):
       only through depth [A]. A longer input then leaves the read-out of the training levels unchanged.
     d_state, d_conv, expand: Mamba block sizes.
     scan_impl: selective-scan impl (see `jaxlab.kernels.selective_scan`).
+    discretization: "euler" (Mamba's B_bar = Delta B) or "zoh" (exact for B too, so that one step at
+      r^k Delta is exactly r^k steps at Delta for a held input; see `MambaBlock`).
     rngs: initialisation randomness.
   """
 
   def __init__(self, in_features: int, out_features: int, d_model: int = 32, *, mode: str = "fractal",
-               ratio: int = 2, min_len: int = 32, pool: str = "last", aggregate: str = "softmax", flat_layers: int = 1, tau: float = 1.0, chunk: int = 0,
-               d_state: int = 16, d_conv: int = 4, expand: float = 2, scan_impl: str = "auto", rngs: nnx.Rngs):
+               ratio: int = 2, min_len: int = 32, pool: str = "last", aggregate: str = "softmax", flat_layers: int = 1,
+               tau: float = 1.0, chunk: int = 0,
+               d_state: int = 16, d_conv: int = 4, expand: float = 2, scan_impl: str = "auto",
+               discretization: str = "euler", rngs: nnx.Rngs):
     if mode not in MODES:
       raise ValueError(f"FractalMamba: mode must be one of {MODES}, got {mode!r}")
     if pool not in ("last", "mean"):
@@ -135,7 +139,8 @@ class FractalMamba(nnx.Module):
       self.embed = nnx.Linear(in_features, d_model, rngs=rngs)
       n_layers = flat_layers if mode == "flat" else 1
       self.layers = nnx.List([MambaLayer(d_model, eps=1e-5, dtype=jnp.float32, rngs=rngs, d_state=d_state,
-                                         d_conv=d_conv, expand=expand, scan_impl=scan_impl)
+                                         d_conv=d_conv, expand=expand, scan_impl=scan_impl,
+                                         discretization=discretization)
                               for _ in range(n_layers)])
       fractal = mode != "flat"   # the flat baseline has no coarse-graining, decoder or level weights
       self.coarse = CoarseGrain(d_model, ratio, tau, rngs=rngs) if fractal else None

@@ -91,7 +91,8 @@ def _backend(impl: str):
 
 
 def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                   return_last_state=False, *, impl="auto", block_sizes: BlockSizes | None = None):
+                   return_last_state=False, *, impl="auto", block_sizes: BlockSizes | None = None,
+                   zoh_b: bool = False):
   """Mamba-1 selective scan (see `reference.py` for the exact semantics).
 
   Args:
@@ -105,19 +106,24 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
     return_last_state: also return the final state.
     impl: "auto" | "xla" | "pallas" | "interpret" | "interpret_tpu" | "associative".
     block_sizes: kernel tiling (default: `BlockSizes()` tuned per backend).
+    zoh_b: exact zero-order hold for B (see `reference.selective_scan_ref`). Only the "xla" and "associative"
+      impls have it; "auto" then picks "xla" on every backend.
 
   Returns:
     out (batch, length, dim) in u's dtype; with `return_last_state` also the last state
     (batch, dim, state) float32.
 
   Raises:
-    ValueError: bad shapes or dtypes, unknown impl, or "pallas" without a GPU/TPU.
+    ValueError: bad shapes or dtypes, unknown impl, "pallas" without a GPU/TPU, or `zoh_b` with a Pallas impl.
   """
   _check(u, delta, A, B, C, D, z, delta_bias)
-  impl = resolve_impl(impl)
+  impl = "xla" if (zoh_b and impl == "auto") else resolve_impl(impl)
   if impl in ("xla", "associative"):
     fn = reference.selective_scan_ref if impl == "xla" else reference.selective_scan_assoc
-    return fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+    return fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus, return_last_state, zoh_b)
+  if zoh_b:
+    raise ValueError(f"selective_scan: zoh_b=True is implemented by impl='xla' and 'associative' only, got "
+                     f"impl={impl!r} (the Pallas kernels use Mamba's Euler rule for B)")
   module, interpret = _backend(impl)
   bs = block_sizes or BlockSizes()
   dim = u.shape[-1]
@@ -162,7 +168,8 @@ def sharded(mesh, *, batch_axis="data", dim_axis="model", **kwargs):
   Args:
     mesh: a `jax.sharding.Mesh` holding both axes (either may be None to leave that dim unsharded).
     batch_axis, dim_axis: mesh axis names.
-    **kwargs: keyword arguments of `selective_scan` (delta_softplus, return_last_state, impl, block_sizes).
+    **kwargs: keyword arguments of `selective_scan` (delta_softplus, return_last_state, impl, block_sizes,
+      zoh_b).
 
   Returns:
     fn(u, delta, A, B, C, D=None, z=None, delta_bias=None) with the semantics of `selective_scan`.

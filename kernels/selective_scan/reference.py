@@ -34,8 +34,21 @@ def _prepare(u, delta, D, z, delta_bias, delta_softplus):
   return u.astype(f32), d, D, gate
 
 
+def zoh_input_gain(delta, delta_a, A, zoh: bool):
+  """The factor multiplying B u in the state update: delta (Euler, Mamba) or expm1(delta A) / A (exact ZOH).
+
+  Args:
+    delta: (..., dim) step sizes; delta_a: (..., dim, state) delta * A; A: (dim, state) (strictly negative).
+    zoh: exact zero-order hold instead of Euler.
+
+  Returns:
+    (..., dim, 1) for Euler, (..., dim, state) for ZOH, float32.
+  """
+  return jnp.expm1(delta_a) / A if zoh else delta[..., None]
+
+
 def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                       return_last_state=False):
+                       return_last_state=False, zoh_b=False):
   """Selective scan by a sequential `lax.scan` over time.
 
   Args:
@@ -47,6 +60,9 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
     delta_bias: optional (dim,) added to delta before the softplus.
     delta_softplus: apply softplus to delta (+ bias).
     return_last_state: also return the final state.
+    zoh_b: discretise B by the exact zero-order hold, B_bar = (exp(delta A) - 1) / A * B, instead of Mamba's
+      Euler rule B_bar = delta B (A_bar = exp(delta A) either way). With it, r steps at delta equal one step at
+      r delta for an input held constant over the r steps (see `zoh_input_gain`).
 
   Returns:
     out (batch, length, dim) in u's dtype, and the last state (batch, dim, state) float32 if asked.
@@ -57,7 +73,8 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
 
   def step(x_bdn, inputs):
     d_bd, u_bd, b_bn, c_bn = inputs
-    x_bdn = jnp.exp(d_bd[..., None] * A) * x_bdn + (d_bd * u_bd)[..., None] * b_bn[:, None, :]
+    da = d_bd[..., None] * A
+    x_bdn = jnp.exp(da) * x_bdn + zoh_input_gain(d_bd, da, A, zoh_b) * u_bd[..., None] * b_bn[:, None, :]
     return x_bdn, jnp.einsum("bdn,bn->bd", x_bdn, c_bn)
 
   batch, _, dim = u.shape
@@ -72,11 +89,13 @@ def selective_scan_ref(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta
 
 
 def selective_scan_assoc(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                         return_last_state=False):
+                         return_last_state=False, zoh_b=False):
   """Same as `selective_scan_ref`, by `lax.associative_scan` over (batch, length, dim, state) pairs."""
   uf, d, Df, gate = _prepare(u, delta, D, z, delta_bias, delta_softplus)
-  a = jnp.exp(d[..., None] * A.astype(jnp.float32))                               # (b, l, d, n)
-  b = (d * uf)[..., None] * B.astype(jnp.float32)[:, :, None, :]                 # (b, l, d, n)
+  A = A.astype(jnp.float32)
+  da = d[..., None] * A
+  a = jnp.exp(da)                                                                  # (b, l, d, n)
+  b = zoh_input_gain(d, da, A, zoh_b) * uf[..., None] * B.astype(jnp.float32)[:, :, None, :]   # (b, l, d, n)
 
   def combine(left, right):
     a1, b1 = left

@@ -57,7 +57,9 @@ def test_bad_config_is_a_clear_error(tmp_path):
   for overrides, match in (({"data.name": "csv"}, "needs --config.data.path"),
                            ({"data.eval_lookbacks": (128, 500)}, "must be min_len"),
                            ({"model.models": ("fractal", "tree")}, "each must be one of"),
-                           ({"data.name": "ett"}, "use one of")):
+                           ({"data.name": "ett"}, "use one of"),
+                           ({"model.discretization": "bilinear"}, "use 'euler'"),
+                           ({"model.discretization": "zoh", "model.scan_impl": "interpret"}, "Pallas kernels")):
     c = exp.get_config("tiny")
     configs.apply_overrides(c, overrides)
     with pytest.raises(ConfigError, match=match):

@@ -225,3 +225,52 @@ def test_gpu_kernels_lower_to_triton_without_a_gpu(shape):
   text = jax.jit(bwd).trace(*args, res, S((b, l, d), bf), S((b, d, n), f32)).lower(
       lowering_platforms=("cuda",)).as_text()
   assert text.count("__gpu$xla.gpu.triton") == 2
+
+
+def _np_zoh_scan(u, delta, A, B, C):
+  """float64 loop: h_t = exp(d A) h + (exp(d A) - 1) / A * B_t u_t (exact zero-order hold), y = <C_t, h_t>."""
+  b, l, d = u.shape
+  h = np.zeros((b, d, A.shape[1]))
+  ys = np.zeros((b, l, d))
+  for t in range(l):
+    da = delta[:, t, :, None] * A
+    h = np.exp(da) * h + np.expm1(da) / A * (u[:, t, :, None] * B[:, t, None, :])
+    ys[:, t] = np.einsum("bdn,bn->bd", h, C[:, t])
+  return ys, h
+
+
+@pytest.mark.parametrize("impl", ["xla", "associative", "auto"])
+def test_zoh_b_matches_a_float64_loop(impl):
+  x = make_inputs(2, 33, 24, 6, softplus=False, seed=3)
+  f64 = {k: np.asarray(v, np.float64) for k, v in x.items()}
+  want, want_last = _np_zoh_scan(f64["u"], f64["delta"], f64["A"], f64["B"], f64["C"])
+  got, last = selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], return_last_state=True, impl=impl,
+                             zoh_b=True)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(last), want_last, rtol=1e-4, atol=1e-5)
+  euler = selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], impl="xla")
+  assert not np.allclose(np.asarray(euler), want, atol=1e-2)          # the switch changes the rule
+
+
+def test_zoh_b_r_steps_at_delta_equal_one_step_at_r_delta():
+  """The DF-Mamba identity through the op: an input held for r steps, B fixed over the window."""
+  r, windows, d, n = 4, 6, 8, 5
+  k = jax.random.split(jax.random.key(7), 3)
+  u_c = jax.random.normal(k[0], (1, windows, d))
+  b_c = jax.random.normal(k[1], (1, windows, n))
+  A = -jnp.exp(jax.random.normal(k[2], (d, n)))
+  delta = jnp.full((1, windows * r, d), 0.07)
+  fine = lambda a: jnp.repeat(a, r, axis=1)
+  ones = jnp.ones((1, windows * r, n))
+  for zoh, expect_equal in ((True, True), (False, False)):
+    _, h_fine = selective_scan(fine(u_c), delta, A, fine(b_c), ones, return_last_state=True, impl="xla", zoh_b=zoh)
+    _, h_coarse = selective_scan(u_c, jnp.full((1, windows, d), 0.07 * r), A, b_c, jnp.ones((1, windows, n)),
+                                 return_last_state=True, impl="xla", zoh_b=zoh)
+    err = float(jnp.max(jnp.abs(h_fine - h_coarse)) / jnp.max(jnp.abs(h_fine)))
+    assert (err < 1e-5) == expect_equal, (zoh, err)
+
+
+def test_zoh_b_is_refused_by_the_pallas_kernels():
+  x = make_inputs(1, 8, 16, 4)
+  with pytest.raises(ValueError, match="zoh_b"):
+    selective_scan(x["u"], x["delta"], x["A"], x["B"], x["C"], impl="interpret", zoh_b=True)

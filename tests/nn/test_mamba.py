@@ -201,6 +201,22 @@ def test_delta_scale_one_equals_fused_path_and_scale_changes_output():
   np.testing.assert_allclose(np.asarray(other(x)), np.asarray(fused), rtol=1e-4, atol=1e-5)
 
 
+def test_zoh_discretization_reaches_the_scan_and_the_recurrent_step():
+  blk = _block()
+  x = jax.random.normal(jax.random.key(5), X_SHAPE)
+  euler = blk(x, delta_scale=3.0)
+  gd, st = nnx.split(blk)
+  zoh = nnx.merge(gd, st)
+  zoh.discretization = "zoh"
+  full = zoh(x, delta_scale=3.0)
+  assert not np.allclose(np.asarray(full), np.asarray(euler), atol=1e-4)
+  gd_z, st_z = nnx.split(zoh)
+  steps = _block_steps(gd_z, st_z, x, jnp.float32(3.0))
+  np.testing.assert_allclose(np.asarray(steps), np.asarray(full), rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="discretization"):
+    MambaBlock(32, discretization="trapezoid", rngs=nnx.Rngs(0))
+
+
 @pytest.mark.parametrize("scale", [None, 0.5])
 def test_block_matches_independent_numpy_implementation(scale):
   """The block against a float64 loop over the official equations (our (in, out) parameter layout)."""
