@@ -88,7 +88,7 @@ def get_config(arg=None):
 
 def stages(c) -> list[tuple[str, int, int]]:
   """The run's stages in order: (score, setting index, n index) for each score, setting and n."""
-  scores = ("kde", "dsm") if c.learned.enabled else ("kde",)
+  scores = SCORES if c.learned.enabled else SCORES[:1]
   return [(s, i, j) for s in scores for i in range(len(c.data.settings)) for j in range(len(c.data.ns))]
 
 
@@ -131,6 +131,6 @@ def validate(c):
 def sweep(arg=None):
   """Ambient dimension x intrinsic dimension x number of subspaces, one setting per point (all ns each)."""
   c = get_config(arg)
-  scores = 2 if c.learned.enabled else 1
+  scores = len(SCORES) if c.learned.enabled else 1
   return [{"data.settings": ((d, k, m),), "num_steps": scores * len(c.data.ns)}
           for k in (1, 2, 3, 4, 6) for d in (16, 64, 256, 1024) for m in (1, 3, 10) if k <= d]

@@ -101,11 +101,8 @@ def plot(runs, workdirs, out_dir):
   """W1 (top) and sliced W1 (bottom) vs n, log-log, per setting: generated (KDE, DSM), training-set baseline,
   and the predicted slope -1/max(k, 2) (W1) / -1/2 (sliced W1) anchored at the baseline's first point."""
   from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
-  import json  # pylint: disable=g-import-not-at-top
   rows = [metrics.read_metrics(w) for w in workdirs]
-  with open(os.path.join(workdirs[0], "config.json")) as f:
-    cfg = json.load(f)
-  cfg = cfg.get("config", cfg)
+  cfg = metrics.read_json(os.path.join(workdirs[0], "config.json"))
   settings = [tuple(s) for s in cfg["data"]["settings"]][:8]
   fig, axes = plt.subplots(2, len(settings), figsize=(4.2 * len(settings), 7), squeeze=False)
   for col, setting in enumerate(settings):

@@ -82,8 +82,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   data_shardings = jax.tree.map(lambda a: a.sharding, batch)
   jstep = jax.jit(step_fn, in_shardings=(shardings, data_shardings), out_shardings=(shardings, repl),
                   donate_argnums=0)
-  state, _ = run_loop(config, workdir, state, shardings, jstep, lambda step: batch)
-  summary = {k: v for k, v in metrics.read_json(os.path.join(workdir, "summary.json")).items()}
+  state, summary = run_loop(config, workdir, state, shardings, jstep, lambda step: batch)
+  summary = dict(summary)
   for s in systems:
     summary.update(evaluate_system(config, s, state[s["name"]], workdir))
   metrics.write_json(os.path.join(workdir, "summary.json"), summary)
@@ -147,8 +147,9 @@ def evaluate_system(config, s: dict, st: dict, workdir: str) -> dict:
     out["het/dispersion_regime"] = float(disp0[rs, rt])
     out["het/dispersion_homog"] = float(disp0[hs, ht])
     out["het/ratio"] = float(disp0[rs, rt] / max(disp0[hs, ht], 1e-12))
-    out["het/heterogeneity_regime"] = float(ice.heterogeneity(disp0, pd0)[rs, rt])
-    out["het/heterogeneity_homog"] = float(ice.heterogeneity(disp0, pd0)[hs, ht])
+    het = ice.heterogeneity(disp0, pd0)
+    out["het/heterogeneity_regime"] = float(het[rs, rt])
+    out["het/heterogeneity_homog"] = float(het[hs, ht])
     out["het/auroc"] = scores.auroc(score_m[0], s["truth"])
   return out
 
@@ -224,7 +225,7 @@ def plot(runs, workdirs, out_dir):
       edges = sorted(((i, j) for i in range(n) for j in range(n) if i != j), key=lambda e: -score[e])[:4]
     cfg = metrics.read_json(os.path.join(wd, "config.json"))
     synthetic = cfg["data"]["name"] == "synthetic"
-    sim = data_lib.four_mechanisms(np.random.default_rng(0), 10) if synthetic else None
+    kinds = tuple(data_lib.MECHANISMS)   # the simulator's edge c has mechanism kinds[c]
     for c, (i, j) in enumerate(edges):
       ax = axes[r][c]
       g, pd = z["grid"][i], z["pd"][0, i, j]
@@ -236,9 +237,9 @@ def plot(runs, workdirs, out_dir):
       if np.all(np.isfinite(z["true"][i, j])):
         t = z["true"][i, j]
         ax.plot(g, t - t.mean(), "k--", lw=1, label="true")
-      if synthetic and c < len(sim["edges"]):
+      if synthetic and c < len(kinds):
         run = runs[r]
-        kind = sim["edges"][c][2]
+        kind = kinds[c]
         ax.set_title(f"{variables[i]}->{variables[j]} ({kind}): {z['labels'][i][j]}\n"
                      f"score {score[i, j]:.3f}, nRMSE {run.get(f'nrmse/{kind}', float('nan')):.2f}", fontsize=8)
       else:

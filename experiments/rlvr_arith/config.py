@@ -58,7 +58,8 @@ def get_config(arg=None):
   c.grpo = ml_collections.ConfigDict(dict(
       num_generations=8, num_iterations=2, beta=0.0, epsilon=0.2, epsilon_high=0.28, epsilon_c=0.0,
       kl_loss_mode="low_var_kl", loss_agg_mode="sequence-mean-token-mean", advantage_estimator="grpo",
-      per_reward_normalize=False, temperature=0.5, max_new_tokens=32, answer_weight=1.0, trace_weight=1.0, format_weight=0.0))
+      per_reward_normalize=False, temperature=0.5, max_new_tokens=32, answer_weight=1.0, trace_weight=1.0,
+      format_weight=0.0))
   c.rft = ml_collections.ConfigDict(dict(samples=8, prompts=512, num_steps=100, learning_rate=1e-3))
   c.method = ml_collections.ConfigDict(dict(arms=("grpo", "shuffled")))
   c.eval = ml_collections.ConfigDict(dict(batch=300))

@@ -85,7 +85,7 @@ def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str,
   hits, valid = [], []
   for s in range(0, len(evals), batch):
     chunk = evals[s:s + batch]
-    out = generate(model, [[tok.bos_id] + tok.encode(e["prompt"]) for e in chunk], max_new_tokens,
+    out = generate(model, [sft.encode_prompt(e["prompt"], tok) for e in chunk], max_new_tokens,
                    stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
     toks, lens = jax.device_get((out.tokens, out.lengths))
     texts = [decode_completion(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
@@ -101,7 +101,7 @@ def kl_to_reference(model, ref, tok, evals, config, prompts: int = 64, samples: 
   the mean over completions of sum_t (log pi - log ref) (k1: unbiased for the sequence-level KL).
   """
   g = config.grpo
-  ids = [[tok.bos_id] + tok.encode(e["prompt"]) for e in evals[:prompts]]
+  ids = [sft.encode_prompt(e["prompt"], tok) for e in evals[:prompts]]
   roll = single_turn(model, ids, samples, key=jax.random.key(config.seed + 11), max_new_tokens=g.max_new_tokens,
                      temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
   args = (roll.tokens, roll.positions, roll.segment_ids)
@@ -112,8 +112,7 @@ def kl_to_reference(model, ref, tok, evals, config, prompts: int = 64, samples: 
 
 def _sub_config(config, **changes) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(config.to_dict())
-  for k, v in changes.items():
-    configs.apply_overrides(c, {k: v})
+  configs.apply_overrides(c, changes)
   return c
 
 
@@ -157,7 +156,7 @@ def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool
   update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, g.temperature), tx, schedule, shardings, bsh)
   logps_fn = make_logps_fn(modeldef, (shardings.params, shardings.model_state), bsh, g.temperature)
   reward = reward_fn(config)
-  prompt_ids = [[tok.bos_id] + tok.encode(e["prompt"]) for e in train]
+  prompt_ids = [sft.encode_prompt(e["prompt"], tok) for e in train]
   width = max(len(p) for p in prompt_ids) + g.max_new_tokens
   base_key = jax.random.key(config.seed + 7919 * (1 + shuffle))
 
@@ -190,10 +189,9 @@ def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool
       state, m = update(state, batch)
     lengths = roll.loss_mask.sum(axis=1)
     m = dict(m)
-    m.update({"rollout/reward": float(np.mean(comps @ np.asarray(reward.weights))),
-              "rollout/reward_std": float(np.std(comps @ np.asarray(reward.weights))),
-              "rollout/answer": float(comps[:, 0].mean()), "rollout/trace": float(comps[:, 1].mean()),
-              "rollout/format": float(comps[:, 2].mean()),
+    total = comps @ np.asarray(reward.weights)
+    m.update({"rollout/reward": float(np.mean(total)), "rollout/reward_std": float(np.std(total)),
+              **{f"rollout/{n}": float(comps[:, j].mean()) for j, n in enumerate(reward.names)},
               "rollout/length": float(lengths.mean()), "rollout/truncated": float(1 - roll.stopped.mean())})
     return state, m
 

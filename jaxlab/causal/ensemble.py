@@ -9,6 +9,8 @@ mesh axis (the loss is a weighted mean, so the sharded gradient equals the singl
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any
 
 import jax
@@ -92,8 +94,13 @@ def make_chunk_step(model: Navar, tx: optax.GradientTransformation, lam: float, 
   return chunk
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _contributions(model: Navar, params, x_bnk):
+  return model.contributions(params, x_bnk)
+
+
 def contributions(model: Navar, params, x_bnk, batch: int = 4096) -> np.ndarray:
-  """(B, N, N) contributions of one model, computed in batches (numpy)."""
-  f = jax.jit(model.contributions)
+  """(B, N, N) contributions of one model, computed in batches (numpy; one compile per model and batch shape)."""
   x = np.asarray(x_bnk)
-  return np.concatenate([np.asarray(f(params, jnp.asarray(x[i:i + batch]))) for i in range(0, len(x), batch)])
+  return np.concatenate([np.asarray(_contributions(model, params, jnp.asarray(x[i:i + batch])))
+                         for i in range(0, len(x), batch)])

@@ -23,7 +23,9 @@ import optax
 from flax import nnx
 
 from jaxlab.diffusion.ou import ou_coeffs, ou_sample
+from jaxlab.diffusion.score import score_from_denoiser
 from jaxlab.errors import ConfigError, DataError
+from jaxlab.nn.mlp import MLP
 
 
 class ScoreMLP(nnx.Module):
@@ -39,17 +41,14 @@ class ScoreMLP(nnx.Module):
 
   def __init__(self, dim: int, width: int = 128, depth: int = 3, time_features: int = 8, *, rngs: nnx.Rngs):
     self.freqs = nnx.Variable(jnp.exp(jnp.linspace(math.log(0.1), math.log(4.0), time_features)))
-    sizes = [dim + 2 * time_features + 1] + [width] * depth + [dim]
-    self.layers = nnx.List([nnx.Linear(a, b, rngs=rngs) for a, b in zip(sizes[:-1], sizes[1:])])
+    with nnx.use_eager_sharding(False):   # unsharded: the MLP's logical axis names are never mapped here
+      self.mlp = MLP(dim + 2 * time_features + 1, [width] * depth, dim, activation=nnx.silu, rngs=rngs)
 
   def __call__(self, y_bd: jax.Array, log_s_b: jax.Array) -> jax.Array:
     """Maps (batch, D) scaled inputs and (batch,) log noise levels to (batch, D)."""
     ls = log_s_b[:, None]
     ang = ls * self.freqs[...][None, :]
-    h = jnp.concatenate([y_bd, jnp.sin(ang), jnp.cos(ang), ls / 4.0], axis=-1)
-    for layer in self.layers[:-1]:
-      h = nnx.silu(layer(h))
-    return self.layers[-1](h)
+    return self.mlp(jnp.concatenate([y_bd, jnp.sin(ang), jnp.cos(ang), ls / 4.0], axis=-1))
 
 
 def _precond(t, b, sigma_d):
@@ -80,8 +79,7 @@ class LearnedScore:
 
   def score(self, x_bd: jax.Array, t) -> jax.Array:
     """Tweedie: (alpha_t denoise - x) / sigma_t^2, (batch, D)."""
-    alpha, sigma2 = ou_coeffs(t)
-    return (jnp.reshape(alpha, (-1, 1)) * self.denoise(x_bd, t) - x_bd) / jnp.reshape(sigma2, (-1, 1))
+    return score_from_denoiser(self.denoise)(x_bd, t)
 
 
 def dsm_loss(model: ScoreMLP, x0_bd: jax.Array, t_b: jax.Array, key: jax.Array, sigma_d) -> jax.Array:

@@ -19,6 +19,7 @@ max, normaliser and weighted sum, so memory is O(batch x chunk) whatever n is; a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -106,9 +107,8 @@ def kde_denoiser(x_bd: jax.Array, t, train_nd: jax.Array, *, chunk: int = 1024, 
 
 def kde_score(x_bd: jax.Array, t, train_nd: jax.Array, *, chunk: int = 1024, batch_chunk: int = 0) -> jax.Array:
   """grad_x log p_hat_t(x) = (alpha_t E[x_0 | x] - x) / sigma_t^2, (batch, dim) float32 (see kde_denoiser)."""
-  alpha, sigma2 = ou_coeffs(t)
-  den = kde_denoiser(x_bd, t, train_nd, chunk=chunk, batch_chunk=batch_chunk)
-  return (jnp.reshape(alpha, (-1, 1)) * den - x_bd) / jnp.reshape(sigma2, (-1, 1))
+  denoise = functools.partial(kde_denoiser, train_nd=train_nd, chunk=chunk, batch_chunk=batch_chunk)
+  return score_from_denoiser(denoise)(x_bd, t)
 
 
 def kde_log_density(x_bd: jax.Array, t, train_nd: jax.Array, *, chunk: int = 1024,

@@ -39,7 +39,7 @@ def extract_features(encode: Callable[[jax.Array], jax.Array], inputs: np.ndarra
   Returns:
     (n, d) float32 numpy features.
   """
-  fn = jax.jit(lambda x: jax.lax.stop_gradient(encode(x)))
+  fn = jax.jit(encode)   # the same encoder hits the jit cache across calls (no gradient is ever taken here)
   out = [np.asarray(fn(jnp.asarray(inputs[i:i + batch_size]))) for i in range(0, len(inputs), batch_size)]
   feats = np.concatenate(out, axis=0).astype(np.float32)
   if feats.ndim != 2 or len(feats) != len(inputs):

@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 
 LOSSES = ("ce", "softmax_ce")
 
@@ -68,26 +69,24 @@ def local_train(params, x_nd, y_n, mask_n, key, *, steps: int, lr: float, moment
   """
   grad_fn = jax.grad(head_loss)
   n_valid = jnp.sum(mask_n)
+  tx = optax.chain(optax.add_decayed_weights(weight_decay), optax.sgd(lr, momentum or None))
 
   def body(i, carry):
-    p, v = carry
+    p, s = carry
     if batch_size:
       u = jax.random.uniform(jax.random.fold_in(key, i), (batch_size,))
       idx = jnp.minimum(jnp.floor(u * n_valid), n_valid - 1).astype(jnp.int32)
       g = grad_fn(p, x_nd[idx], y_n[idx], jnp.ones((batch_size,), x_nd.dtype), loss)
     else:
       g = grad_fn(p, x_nd, y_n, mask_n, loss)
-    g = jax.tree.map(lambda gi, pi: gi + weight_decay * pi, g, p)
-    v_new = jax.tree.map(lambda vi, gi: momentum * vi + gi, v, g)
-    p_new = jax.tree.map(lambda pi, vi: pi - lr * vi, p, v_new)
+    upd, s_new = tx.update(g, s, p)
+    p_new = optax.apply_updates(p, upd)
     if client_steps is not None:
       live = i < client_steps
-      p_new = jax.tree.map(lambda a, b: jnp.where(live, a, b), p_new, p)
-      v_new = jax.tree.map(lambda a, b: jnp.where(live, a, b), v_new, v)
-    return p_new, v_new
+      p_new, s_new = jax.tree.map(lambda a, b: jnp.where(live, a, b), (p_new, s_new), (p, s))
+    return p_new, s_new
 
-  v0 = jax.tree.map(jnp.zeros_like, params)
-  p, _ = jax.lax.fori_loop(0, steps, body, (params, v0))
+  p, _ = jax.lax.fori_loop(0, steps, body, (params, tx.init(params)))
   return p
 
 

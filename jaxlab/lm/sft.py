@@ -264,6 +264,11 @@ def tokenize(example: Example | Mapping[str, Any], tokenizer, *, add_bos: bool =
   return np.asarray(ids, np.int32), np.asarray(train, bool)
 
 
+def encode_prompt(text: str, tokenizer, *, add_bos: bool = True) -> list[int]:
+  """Token ids of a plain-text prompt: BOS (when the tokenizer has one and `add_bos`) + the encoded text."""
+  return ([tokenizer.bos_id] if add_bos and tokenizer.bos_id is not None else []) + list(tokenizer.encode(text))
+
+
 def prompt_ids(example: Example | Mapping[str, Any], tokenizer, *, add_bos: bool = True,
                chat_format: ChatFormat | None = None) -> list[int]:
   """Token ids of the prompt part (BOS + spans before the first trained span), e.g. for sampling eval."""
@@ -571,7 +576,8 @@ def make_eval_fn(apply: Callable[[Any, Batch], jax.Array] = default_apply):
 
 # ---------------------------------------------------------------------------------------- synthetic task
 
-def _operand(rng: np.random.Generator, digits: int) -> int:
+def operand(rng: np.random.Generator, digits: int) -> int:
+  """A uniform random integer with exactly `digits` digits (0-9 for one digit)."""
   lo = 0 if digits == 1 else 10 ** (digits - 1)
   return int(rng.integers(lo, 10 ** digits))
 
@@ -601,7 +607,7 @@ def addition_examples(n: int, *, min_digits: int = 1, max_digits: int = 3, seed:
   out = []
   for _ in range(n):
     da, db = rng.integers(min_digits, max_digits + 1, size=2)
-    a, b = _operand(rng, int(da)), _operand(rng, int(db))
+    a, b = operand(rng, int(da)), operand(rng, int(db))
     answer = str(a + b).zfill(max_digits + 1) if pad_operands else str(a + b)
     prompt = f"{a:0{max_digits}d}+{b:0{max_digits}d}=" if pad_operands else f"{a}+{b}="
     out.append({"prompt": prompt, "completion": answer[::-1] if reverse_answer else answer})

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxlab.errors import DataError
+from jaxlab.lm import sft
 from jaxlab.lm.tokenizer import ByteTokenizer
 
 SPECIALS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -67,14 +68,13 @@ def split(n_train: int, n_eval: int, *, min_digits: int = 1, max_digits: int = 3
   if not 1 <= min_digits <= max_digits:
     raise DataError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
   rng = np.random.default_rng(seed)
-  lo = [0 if d == 1 else 10 ** (d - 1) for d in range(max_digits + 1)]
   seen: dict[tuple[int, int], None] = {}
   need, tries = n_train + n_eval, 0
   while len(seen) < need:
     if tries > 100 * need:
       raise DataError(f"only {len(seen)} distinct problems with {min_digits}..{max_digits} digits; asked for {need}")
     da, db = rng.integers(min_digits, max_digits + 1, size=2)
-    pair = (int(rng.integers(lo[da], 10 ** da)), int(rng.integers(lo[db], 10 ** db)))
+    pair = (sft.operand(rng, int(da)), sft.operand(rng, int(db)))
     seen.setdefault(pair, None)
     tries += 1
   pairs = list(seen)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from jaxlab.lm.sft import token_stats
 from jaxlab.posttrain.advantages import ESTIMATORS
 
 AGG_MODES = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-scale", "seq-mean-token-sum",
@@ -154,12 +155,11 @@ def per_token_logps(model: Callable, tokens_bt: jax.Array, positions_bt: jax.Arr
   logits = model(tokens_bt, positions_bt, segment_ids_bl=segment_ids_bt)[:, :-1].astype(jnp.float32)
   if temperature != 1.0:
     logits = logits / temperature
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  v = logits.shape[-1]
-  target = jnp.sum(logits * jax.nn.one_hot(tokens_bt[:, 1:], v, dtype=logits.dtype), axis=-1)
-  lp = jnp.pad(target - logz, ((0, 0), (1, 0)))
+  ce, _ = token_stats(logits, tokens_bt[:, 1:])
+  lp = jnp.pad(-ce, ((0, 0), (1, 0)))
   if not with_entropy:
     return lp
+  logz = jax.nn.logsumexp(logits, axis=-1)
   p = jax.nn.softmax(logits, axis=-1)
   ent = jnp.pad(logz - jnp.sum(p * logits, axis=-1), ((0, 0), (1, 0)))
   return lp, ent
@@ -182,7 +182,6 @@ def grpo_loss(logps_bt: jax.Array, old_logps_bt: jax.Array | None, ref_logps_bt:
     tokens whose ratio was clipped (from below / above) with a nonzero gradient lost.
   """
   c = config
-  on = mask_bt > 0
   old = jax.lax.stop_gradient(logps_bt) if old_logps_bt is None else old_logps_bt
   ratio = jnp.exp(jnp.clip(logps_bt - old, -20.0, 20.0))
   adv = advantages_b.astype(jnp.float32)[:, None]
@@ -200,10 +199,10 @@ def grpo_loss(logps_bt: jax.Array, old_logps_bt: jax.Array | None, ref_logps_bt:
     kl = aggregate(kl_tok, mask_bt, c.loss_agg_mode)
     loss = loss + c.beta * kl
     metrics["kl"] = kl
-  n = jnp.maximum(jnp.sum(on), 1)
-  metrics["clip_low"] = jnp.sum(on & (adv < 0) & (ratio < 1.0 - c.epsilon)) / n
-  metrics["clip_high"] = jnp.sum(on & (adv > 0) & (ratio > 1.0 + c.eps_high)) / n
-  metrics["ratio"] = jnp.sum(jnp.where(on, ratio, 0.0)) / n
+  token_mean = lambda x: aggregate(x, mask_bt, "token-mean")
+  metrics["clip_low"] = token_mean((adv < 0) & (ratio < 1.0 - c.epsilon))
+  metrics["clip_high"] = token_mean((adv > 0) & (ratio > 1.0 + c.eps_high))
+  metrics["ratio"] = token_mean(ratio)
   return loss, metrics
 
 
@@ -222,8 +221,7 @@ def make_grpo_loss_fn(config: GRPOConfig, temperature: float = 1.0):
                               temperature=temperature, with_entropy=True)
     old = batch.get("old_logps") if config.num_iterations > 1 else None
     loss, m = grpo_loss(lp, old, batch.get("ref_logps"), batch["advantages"], batch["loss_mask"], config)
-    on = batch["loss_mask"] > 0
-    m["entropy"] = jnp.sum(jnp.where(on, ent, 0.0)) / jnp.maximum(jnp.sum(on), 1)
+    m["entropy"] = aggregate(ent, batch["loss_mask"], "token-mean")
     return loss, m
   return loss_fn
 

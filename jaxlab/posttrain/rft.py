@@ -11,6 +11,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from jaxlab.lm import sft
 from jaxlab.posttrain.rewards import RewardFn
 from jaxlab.posttrain.rollout import decode_completion, single_turn
 
@@ -22,7 +23,7 @@ def rejection_sample(model, prompts: Sequence[str], answers: Sequence[str], toke
 
   Args:
     model: a `jaxlab.lm.Transformer` (or a rollout policy callable).
-    prompts: prompt texts (encoded with BOS, as `sft.prompt_ids` does).
+    prompts: prompt texts (encoded by `sft.encode_prompt`: BOS when the tokenizer has one).
     answers: reference answers for `reward_fn`.
     tokenizer: a jaxlab tokenizer (encode/decode, bos_id, eos_id, pad_id).
     reward_fn: `(completions, answers) -> (N,)`.
@@ -39,21 +40,20 @@ def rejection_sample(model, prompts: Sequence[str], answers: Sequence[str], toke
   """
   if len(prompts) != len(answers):
     raise ValueError(f"rejection_sample: {len(prompts)} prompts but {len(answers)} answers")
-  ids = [[tokenizer.bos_id] + tokenizer.encode(p) for p in prompts]
+  ids = [sft.encode_prompt(p, tokenizer) for p in prompts]
   roll = single_turn(model, ids, k, key=key, max_new_tokens=max_new_tokens, temperature=temperature,
                      stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
   texts = [decode_completion(tokenizer, g) for g in roll.generated]
   rewards = np.asarray(reward_fn(texts, [a for a in answers for _ in range(k)]), np.float32)
-  records, covered = [], set()
+  records, covered = [], 0
   for p in range(len(prompts)):
     kept: list[str] = []
-    for g in range(k):
-      i = p * k + g
+    for i in range(p * k, (p + 1) * k):
       if rewards[i] >= threshold and roll.stopped[i] and not (dedupe and texts[i] in kept):
-        if max_per_prompt is None or len(kept) < max_per_prompt:
-          kept.append(texts[i])
-    covered.update([p] if kept else [])
+        kept.append(texts[i])
+    kept = kept[:max_per_prompt]         # None keeps all
+    covered += bool(kept)
     records += [{"prompt": prompts[p], "completion": t, "answer": answers[p]} for t in kept]
-  stats = {"kept": len(records), "sampled": len(texts), "prompts_covered": len(covered),
+  stats = {"kept": len(records), "sampled": len(texts), "prompts_covered": covered,
            "reward_mean": float(rewards.mean()) if rewards.size else 0.0}
   return records, stats

@@ -87,20 +87,17 @@ def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_
                    rules=None) -> Policy:
   """A policy sampling with `jaxlab.lm.generate` (KV cache, jitted while-loop decode).
 
-  Context widths are rounded up to a multiple of `bucket` so a multi-turn rollout compiles a few shapes only.
+  The KV cache holds the longest context rounded up to a multiple of `bucket`, plus max_new_tokens; the
+  prefill is as wide as the longest context, so each distinct longest-context length compiles once.
   With `mesh`, the batch is sharded over the data axis (it must divide; pad the prompt count accordingly).
   """
   from jaxlab.lm.sampler import generate
 
   def policy(contexts: list[list[int]], key):
-    lengths = np.asarray([len(c) for c in contexts], np.int32)
-    width = int(-(-int(lengths.max()) // bucket) * bucket)
-    arr = np.full((len(contexts), width), pad_id, np.int32)
-    for i, c in enumerate(contexts):
-      arr[i, :len(c)] = c
-    out = generate(model, arr, max_new_tokens, prompt_lengths=lengths, temperature=temperature, top_k=top_k,
-                   top_p=top_p, stop_tokens=stop_tokens, pad_id=pad_id, key=key, mesh=mesh, rules=rules,
-                   max_len=width + max_new_tokens)
+    longest = max(len(c) for c in contexts)
+    cache = -(-longest // bucket) * bucket + max_new_tokens
+    out = generate(model, contexts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                   stop_tokens=stop_tokens, pad_id=pad_id, key=key, mesh=mesh, rules=rules, max_len=cache)
     toks, lens, lps = jax.device_get((out.tokens, out.lengths, out.logprobs))
     return ([[int(t) for t in toks[i, :lens[i]]] for i in range(len(contexts))],
             [np.asarray(lps[i, :lens[i]], np.float32) for i in range(len(contexts))])

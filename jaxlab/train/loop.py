@@ -138,7 +138,8 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
           last_train = _flush(pending, writer, step, time.time() - t_log)
           pending, t_log = [], time.time()
           bar.set_postfix({k.split("/")[-1]: f"{v:.4g}" for k, v in list(last_train.items())[:2]})
-        if evaluate is not None and (last or (config.eval_every and step % config.eval_every == 0)):
+        evaluated = evaluate is not None and bool(last or (config.eval_every and step % config.eval_every == 0))
+        if evaluated:
           last_eval = dict(evaluate(state))
           writer.write(step, last_eval)
         if last or (config.checkpoint_every and step % config.checkpoint_every == 0):
@@ -152,7 +153,7 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
             pending = []
           if ckpt.latest_step() != step:
             ckpt.save(step, state, meta, force=True)
-          if evaluate is not None and not last:
+          if evaluate is not None and not evaluated:
             last_eval = dict(evaluate(state))
             writer.write(step, last_eval)
           summary["stopped_early"] = True

@@ -83,6 +83,18 @@ def test_multi_turn_masks_observations_and_keeps_order():
   np.testing.assert_allclose(roll.sampler_logps[k][roll.loss_mask[k] > 0], -0.5)
 
 
+def test_encode_prompt_adds_bos_only_when_the_tokenizer_has_one():
+  from jaxlab.lm import sft
+  tok = ByteTokenizer()
+  assert sft.encode_prompt("ab", tok) == [tok.bos_id] + tok.encode("ab")
+  assert sft.encode_prompt("ab", tok, add_bos=False) == tok.encode("ab")
+
+  class NoBos:
+    bos_id = None
+    encode = staticmethod(tok.encode)
+  assert sft.encode_prompt("ab", NoBos()) == tok.encode("ab")
+
+
 def test_memory_window_drops_old_observations():
   pol = _ScriptedPolicy()
   roll = multi_turn(pol, [[1, 2]], 1, key=jax.random.key(1), env=_Env(), max_turns=5, tool_end_id=END,
