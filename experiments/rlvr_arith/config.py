@@ -86,7 +86,8 @@ def get_config(arg=None):
     c.data.seq_len = 1024
     c.model.dtype = "bfloat16"
     c.sft.num_steps = 0              # start from the checkpoint as given
-    c.grpo.update(num_generations=16, beta=0.04, max_new_tokens=512, format_weight=0.1)
+    c.grpo.update(num_generations=16, beta=0.04, max_new_tokens=512, format_weight=0.1,
+                  trace_weight=0.0)    # the column-trace reward needs reference completions (arithmetic only)
     c.batch_size = 64
     c.num_steps = 500
     c.optimizer.learning_rate = 1e-6

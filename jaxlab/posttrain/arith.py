@@ -90,7 +90,8 @@ def trace_reward(completions, problems) -> "np.ndarray":
 
   Args:
     completions: decoded completions.
-    problems: the problem records ({"completion": reference, ...}), one per completion.
+    problems: the problem records ({"completion": reference, ...}), one per completion; a record without a
+      reference completion scores 0.
   """
   from jaxlab.posttrain.rewards import parse_tagged  # pylint: disable=g-import-not-at-top
   if len(completions) != len(problems):
@@ -98,6 +99,6 @@ def trace_reward(completions, problems) -> "np.ndarray":
   out = []
   for c, p in zip(completions, problems):
     think = parse_tagged(c).think
-    want = parse_tagged(p["completion"]).think
+    want = parse_tagged(p.get("completion", "")).think
     out.append(float(think is not None and think == want))
   return np.asarray(out, np.float32)

@@ -50,7 +50,8 @@ class RolloutBatch:
     responses: per trajectory, every token after the prompt (turns and observations, in order).
     generated: per trajectory, the generated tokens only (turns concatenated).
     num_turns: (trajectories,) int32 generated turns.
-    stopped: (trajectories,) bool, the last turn ended with a token other than tool_end_id / max length.
+    stopped: (trajectories,) bool, the last turn ended on its own (see `multi_turn`'s stop_tokens), not at the
+      token limit or inside a tool call.
   """
   tokens: np.ndarray
   positions: np.ndarray
@@ -107,7 +108,8 @@ def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_
 
 def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations: int, *, key: jax.Array,
                env: ToolEnv | None = None, max_turns: int = 1, tool_end_id: int | None = None,
-               memory_window: int | None = None, width: int | None = None, pad_id: int = 0) -> RolloutBatch:
+               memory_window: int | None = None, width: int | None = None, pad_id: int = 0,
+               stop_tokens: Sequence[int] = ()) -> RolloutBatch:
   """Rolls out G trajectories per prompt, with tool turns when `env` is given.
 
   Args:
@@ -121,6 +123,9 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
     memory_window: keep only this many most recent observations in later contexts (None = all).
     width: row width T (default: the longest row); a row longer than `width` raises ValueError.
     pad_id: padding token.
+    stop_tokens: the policy's stop tokens; when given, a trajectory counts as stopped only if its last turn
+      ends with one of them (otherwise it hit the token limit). Without them, any last turn that does not
+      end with tool_end_id counts as stopped.
 
   Returns:
     RolloutBatch.
@@ -169,7 +174,8 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
         hist[i].append(("obs", obs, None))
       else:
         active[i] = False
-        stopped[i] = bool(g) and (tool_end_id is None or g[-1] != tool_end_id)
+        ends = g[-1] in stop_tokens if stop_tokens else tool_end_id is None or g[-1] != tool_end_id
+        stopped[i] = bool(g) and ends
   rows = []   # (trajectory, tokens, mask, logps)
   if memory_window is None:
     for i in range(n):
@@ -219,7 +225,8 @@ def single_turn(model_or_policy: Any, prompts: Sequence[Sequence[int]], num_gene
   if not _is_policy(model_or_policy):
     policy = sampler_policy(model_or_policy, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                             stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, rules=rules)
-  return multi_turn(policy, prompts, num_generations, key=key, max_turns=1, width=width, pad_id=pad_id)
+  return multi_turn(policy, prompts, num_generations, key=key, max_turns=1, width=width, pad_id=pad_id,
+                    stop_tokens=stop_tokens)
 
 
 def _is_policy(obj) -> bool:

@@ -83,6 +83,18 @@ def test_multi_turn_masks_observations_and_keeps_order():
   np.testing.assert_allclose(roll.sampler_logps[k][roll.loss_mask[k] > 0], -0.5)
 
 
+def test_stopped_means_a_stop_token_ended_the_trajectory():
+  """With stop tokens, a trajectory that ran into the token limit is not "stopped" (it was truncated)."""
+  def scripted(contexts, key):
+    del key
+    gens = [[5, 6, 7] if i % 2 else [5, EOS] for i in range(len(contexts))]
+    return gens, [np.zeros(len(g), np.float32) for g in gens]
+
+  roll = single_turn(scripted, [[1, 2]], 4, key=jax.random.key(0), stop_tokens=(EOS,))
+  assert list(roll.stopped) == [True, False, True, False]
+  assert single_turn(scripted, [[1, 2]], 4, key=jax.random.key(0)).stopped.all()   # no stop tokens given
+
+
 def test_encode_prompt_adds_bos_only_when_the_tokenizer_has_one():
   from jaxlab.lm import sft
   tok = ByteTokenizer()
