@@ -10,7 +10,6 @@ mesh axis (the loss is a weighted mean, so the sharded gradient equals the singl
 from __future__ import annotations
 
 import functools
-
 from typing import Any
 
 import jax

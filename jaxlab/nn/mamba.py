@@ -263,9 +263,8 @@ class MambaBlock(nnx.Module):
     delta, B, C = self._ssm_inputs(u)
     A = -jnp.exp(self.A_log[...])
     fused = delta_scale is None
-    kwargs = dict(delta_softplus=fused, return_last_state=return_last_state, impl=self.scan_impl)
-    if self.discretization == "zoh":
-      kwargs["zoh_b"] = True
+    kwargs = dict(delta_softplus=fused, return_last_state=return_last_state, impl=self.scan_impl,
+                  zoh_b=self.discretization == "zoh")
     scan = selective_scan
     if self.scan_mesh is not None:
       scan = sharded(self.scan_mesh, batch_axis=self.scan_axes[0], dim_axis=self.scan_axes[1], **kwargs)

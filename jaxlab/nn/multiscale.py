@@ -118,10 +118,9 @@ class FractalMamba(nnx.Module):
   """
 
   def __init__(self, in_features: int, out_features: int, d_model: int = 32, *, mode: str = "fractal",
-               ratio: int = 2, min_len: int = 32, pool: str = "last", aggregate: str = "softmax", flat_layers: int = 1,
-               tau: float = 1.0, chunk: int = 0,
-               d_state: int = 16, d_conv: int = 4, expand: float = 2, scan_impl: str = "auto",
-               discretization: str = "euler", rngs: nnx.Rngs):
+               ratio: int = 2, min_len: int = 32, pool: str = "last", aggregate: str = "softmax",
+               flat_layers: int = 1, tau: float = 1.0, chunk: int = 0, d_state: int = 16, d_conv: int = 4,
+               expand: float = 2, scan_impl: str = "auto", discretization: str = "euler", rngs: nnx.Rngs):
     if mode not in MODES:
       raise ValueError(f"FractalMamba: mode must be one of {MODES}, got {mode!r}")
     if pool not in ("last", "mean"):
