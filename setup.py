@@ -22,7 +22,7 @@ EXTRAS = {
     "ot": ["ott-jax>=0.5", "POT>=0.9"],     # Gaussian OT (SLOT-Align), exact W1 (diffusion subspaces)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
-EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1"]
+EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0", "ipython>=8"]
 # Not in "all" (large): TFDS's glue / super_glue builders need TensorFlow (CurvZO's full-scale configs).
 EXTRAS["glue"] = ["tensorflow>=2.15"]
 

@@ -167,12 +167,18 @@ def run(names: Sequence[str] = (), iters: int = 20, peak_tflops: float | None = 
 
 
 def main(argv: list[str]) -> int:
-  parser = argparse.ArgumentParser(prog="python -m jaxlab.bench", description=__doc__.split("\n\n")[0])
-  parser.add_argument("names", nargs="*", help="kernel or benchmark names (default: all)")
-  parser.add_argument("--iters", type=int, default=20)
-  parser.add_argument("--peak_tflops", type=float, default=None)
-  parser.add_argument("--peak_gbps", type=float, default=None)
-  parser.add_argument("--peak_tsps", type=float, default=None, help="special functions, T/s")
+  epilog = None
+  if "-h" in argv or "--help" in argv:   # listing the benchmarks imports every kernel package: only for --help
+    names = [b.name for b in discover()]
+    epilog = "benchmarks (a name or its kernel prefix selects them):\n  " + "\n  ".join(names)
+  parser = argparse.ArgumentParser(prog="python -m jaxlab.bench", description=__doc__.split("\n\n")[0],
+                                   epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("names", nargs="*", help="kernel or benchmark names, e.g. selective_scan or "
+                      "selective_scan/fwd (default: all; see the list below)")
+  parser.add_argument("--iters", type=int, default=20, help="timed calls per case (median reported)")
+  parser.add_argument("--peak_tflops", type=float, default=None, help="peak TFLOP/s of the device (default: known table)")
+  parser.add_argument("--peak_gbps", type=float, default=None, help="peak memory bandwidth, GB/s")
+  parser.add_argument("--peak_tsps", type=float, default=None, help="peak special-function rate, T/s")
   parser.add_argument("--json", default=None, help="also write the rows to this JSON file")
   args = parser.parse_args(argv)
   rows = run(args.names, args.iters, args.peak_tflops, args.peak_gbps, args.peak_tsps)

@@ -1,7 +1,8 @@
 """Checkpoints: a thin wrapper over orbax's CheckpointManager (the only module that imports orbax).
 
 Layout: `<workdir>/checkpoints/<step>/{model,train,meta}` for a TrainState (`model` = params and model
-state, `train` = step, optimizer state and run key) or `<step>/{state,meta}` for any other state pytree.
+state, `train` = step, optimizer state and run key), `<step>/{state,meta}` for any other state pytree, or
+`<step>/meta` alone (state None: a staged run without carried state).
 `meta` is JSON: the step, the config, and a signature (path, shape, dtype of every leaf) that lets a
 restore fail with a clear message when the checkpoint belongs to another model, before orbax is involved.
 Restores take a target with shardings, so a checkpoint written on one mesh restores onto another.
@@ -9,7 +10,13 @@ Restores take a target with shardings, so a checkpoint written on one mesh resto
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import re
+import sys
+import tempfile
+import time
 from typing import Any, Mapping
 
 import jax
@@ -20,7 +27,9 @@ from jaxlab.state import TrainState
 
 
 def to_items(state: Any) -> dict[str, Any]:
-  """Splits a state into checkpoint items (TrainState: model + train; anything else: state)."""
+  """Splits a state into checkpoint items (TrainState: model + train; None: none; anything else: state)."""
+  if state is None:
+    return {}
   if isinstance(state, TrainState):
     return {"model": {"params": state.params, "model_state": state.model_state},
             "train": {"step": state.step, "opt_state": state.opt_state, "rng": state.rng}}
@@ -29,6 +38,8 @@ def to_items(state: Any) -> dict[str, Any]:
 
 def from_items(items: Mapping[str, Any], like: Any) -> Any:
   """Inverse of `to_items`, rebuilding the state type of `like`."""
+  if like is None:
+    return None
   if isinstance(like, TrainState):
     return TrainState(step=items["train"]["step"], params=items["model"]["params"],
                       model_state=items["model"]["model_state"], opt_state=items["train"]["opt_state"],
@@ -61,9 +72,15 @@ def check_signature(found: Mapping[str, list], expected: Mapping[str, list], whe
       problems.append(f"'{k}' is {found[k][1]}{tuple(found[k][0])} in the checkpoint but "
                       f"{expected[k][1]}{tuple(expected[k][0])} in the model")
   more = f" (+{len(problems) - 3} more)" if len(problems) > 3 else ""
+  differing = [k for k in sorted(set(found) | set(expected)) if found.get(k) != expected.get(k)]
+  if all(k.startswith("train/opt_state") for k in differing):
+    raise CheckpointError(
+        f"checkpoint {where} holds the same model but another optimizer's state ({'; '.join(problems[:2])}"
+        f"{more}); resume with the optimizer it was written with (config.train.optimizer), or start another "
+        "--workdir from its parameters with --config.train.init_from=<that workdir>")
   raise CheckpointError(
       f"checkpoint {where} was written by a different model: {'; '.join(problems[:3])}{more}. "
-      "Use a fresh --workdir, or fix the config to match the checkpoint")
+      "Use another --workdir, or fix the config to match the checkpoint")
 
 
 class Checkpointer:
@@ -98,8 +115,7 @@ class Checkpointer:
     try:
       meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # orbax raises various types for missing / corrupt files
-      raise CheckpointError(f"checkpoint {where} is corrupt or incomplete ({type(e).__name__}); delete that "
-                            "step folder to fall back to the previous one, or use a fresh --workdir") from None
+      raise CheckpointError(damaged_message(where, e)) from None
     if not isinstance(meta, dict) or "signature" not in meta:
       raise CheckpointError(f"checkpoint {where} has no jaxlab meta; it was not written by jaxlab")
     return meta
@@ -129,11 +145,12 @@ class Checkpointer:
     check_signature(found, signature(wanted), where)
     args = {k: ocp.args.StandardRestore(v) for k, v in wanted.items()}
     try:
-      restored = self._mgr.restore(step, args=ocp.args.Composite(**args))
-    except Exception as e:
-      raise CheckpointError(f"checkpoint {where} could not be restored ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0][:200] if str(e) else ''}); delete that step folder "
-                            "or use a fresh --workdir") from None
+      with _native_stderr_held() as held:
+        restored = self._mgr.restore(step, args=ocp.args.Composite(**args))
+        held.keep = True
+    except Exception as e:  # orbax / TensorStore raise many types (JSON, DATA_LOSS, OUT_OF_RANGE, ...)
+      _silence_abandoned_reads()
+      raise CheckpointError(damaged_message(where, e)) from None
     return {k: restored[k] for k in wanted}, meta
 
   def wait(self) -> None:
@@ -144,6 +161,85 @@ class Checkpointer:
     """Waits for pending saves and releases resources."""
     self._mgr.wait_until_finished()
     self._mgr.close()
+
+
+def damaged_message(where: str, error: BaseException) -> str:
+  """One line for a checkpoint step folder that cannot be read (truncated, zeroed or half-written files)."""
+  text = str(error)
+  item = re.search(r'local file "[^"]*/(\w+)/"', text)
+  array = re.search(r'Error reading "([^"/]+)/', text)
+  what = (f"its '{item.group(1)}' array {array.group(1)!r} cannot be read" if item and array else
+          "its metadata cannot be read" if isinstance(error, ValueError) and "JSON" in type(error).__name__ + text
+          else f"it cannot be read ({type(error).__name__})")
+  return (f"checkpoint {where} is damaged: {what} (a file in it is truncated, zeroed or missing); delete that step "
+          "folder to resume from the checkpoint before it, or use another --workdir")
+
+
+@contextlib.contextmanager
+def _native_stderr_held():
+  """Holds what native code (TensorStore's threads) writes to file descriptor 2 during a restore.
+
+  A failed restore leaves TensorStore reads in flight whose completion callbacks print tracebacks ("Event loop
+  is closed") from their own threads; on failure they are dropped (after they settle), on success whatever
+  was written is passed on to stderr.
+  """
+  class Held:
+    keep = False
+  held = Held()
+  try:
+    sys.stderr.flush()
+    saved = os.dup(2)
+  except (OSError, ValueError):   # no real fd 2 (e.g. an embedded interpreter): nothing to hold
+    yield held
+    return
+  with tempfile.TemporaryFile() as tmp:
+    os.dup2(tmp.fileno(), 2)
+    try:
+      yield held
+    finally:
+      if not held.keep:           # let the in-flight reads of a failed restore finish printing
+        size, quiet = -1, 0
+        while quiet < 3:
+          time.sleep(0.1)
+          now = os.fstat(tmp.fileno()).st_size
+          quiet, size = (quiet + 1, now) if now == size else (0, now)
+      os.dup2(saved, 2)
+      os.close(saved)
+      if held.keep:
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+        if text:
+          sys.stderr.write(text)
+
+
+class _AbandonedReadFilter(logging.Filter):
+  """Drops asyncio's "Future exception was never retrieved" reports of a failed restore's other reads."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return "exception was never retrieved" not in record.getMessage()
+
+
+def _silence_abandoned_reads() -> None:
+  """After a failed restore: the reads still in flight end later, on a closed event loop, and would print
+  "Event loop is closed" / "Future exception was never retrieved" reports long after the one-line error.
+  Those (and only those) are dropped from then on."""
+  global _SILENCED
+  if _SILENCED:
+    return
+  _SILENCED = True
+  logging.getLogger("asyncio").addFilter(_AbandonedReadFilter())
+  previous = sys.unraisablehook
+
+  def hook(unraisable):
+    exc = unraisable.exc_value
+    if isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc):
+      return
+    previous(unraisable)
+
+  sys.unraisablehook = hook
+
+
+_SILENCED = False
 
 
 def resolve_init_from(path: str) -> tuple[Checkpointer, int]:

@@ -47,3 +47,30 @@ def require(module: str, extra: str):
     raise MissingDependencyError(
         f"optional package '{module}' is not installed; install it with "
         f"pip install 'jaxlab[{extra}]' (or pip install -e '.[{extra}]' in a checkout)") from e
+
+
+class Interrupted(KeyboardInterrupt):
+  """A run stopped on Ctrl-C or SIGTERM, after writing the checkpoint of the step it reached (if any).
+
+  The command-line tools print it as one line (where it stopped, what was saved, the command that resumes)
+  and exit with 130 (Ctrl-C) or 143 (SIGTERM).
+
+  Attributes:
+    workdir: the run directory (None when unknown).
+    step: the step (or number of finished stages) reached.
+    checkpoint: the step of the newest checkpoint on disk, None when there is none.
+    signum: 2 (SIGINT, Ctrl-C) or 15 (SIGTERM).
+  """
+
+  def __init__(self, message: str = "interrupted", *, workdir: str | None = None, step: int | None = None,
+               checkpoint: int | None = None, signum: int = 2):
+    super().__init__(message)
+    self.workdir, self.step, self.checkpoint, self.signum = workdir, step, checkpoint, signum
+
+
+class Preempted(Interrupted):
+  """Raised after a SIGTERM (preemption) once the checkpoint of the current step is written."""
+
+  def __init__(self, message: str = "SIGTERM", **kwargs):
+    kwargs.setdefault("signum", 15)
+    super().__init__(message, **kwargs)

@@ -3,9 +3,9 @@
     python -m jaxlab.main --config experiments/<paper>/config.py:<variant> --workdir DIR \
         [--config.key=value ...]
 
-The config is locked (a misspelt `--config.` key is an error with a suggestion), validated against the
-devices present, written to DIR/config.json, and passed to the experiment's
-`train_and_evaluate(config, workdir)`; its summary is printed as JSON. Rerunning the same command resumes
+The overrides are applied before the config is validated (once) and locked (a misspelt `--config.` key is an
+error with a suggestion); it is checked against the devices present, written to DIR/config.json, and passed
+to the experiment's `train_and_evaluate(config, workdir)`; its summary is printed as JSON. Rerunning the same command resumes
 from DIR's newest checkpoint. Multi-host: see `jaxlab.distributed`.
 """
 
@@ -28,19 +28,39 @@ def run(config_spec: str, workdir: str, overrides=(), values=None) -> dict:
   """
   import jax  # after distributed.initialize
   from jaxlab import configs, registry
-  exp, config = registry.load_config(config_spec, overrides)
-  configs.apply_overrides(config, values or {})
-  configs.validate(config, num_devices=jax.device_count())
-  config.lock()
+  exp, config = registry.load_config(config_spec, overrides, values)
+  configs.check_devices(config, jax.device_count())
   return exp.train_module.train_and_evaluate(config, workdir)
+
+
+HELP_EPILOG = """\
+config overrides:
+  --config.KEY=VALUE    set any key of the experiment's config (dotted path), e.g.
+                        --config.train.num_steps=500 --config.train.optimizer.learning_rate=3e-4
+                        --config.model.hidden=256 --config.mesh="(('data', 4), ('model', 2))"
+                        --config.sharding_rules=fsdp   (presets: tensor_parallel, data_parallel, fsdp)
+                        values are converted to the type of the key's default; a misspelt key is an error
+                        with a suggestion.
+
+variants (the text after ':' in --config):
+  tiny                  CPU minutes: the variant whose claims `python -m jaxlab.reproduce` checks
+  small                 a larger CPU / single-accelerator run
+  full                  the paper's scale (TPU slice / GPU cluster)
+  variant=V,seed=S      named form (some experiments take more, e.g. navar_ice's data=csv)
+
+experiments: python -m jaxlab.reproduce --list
+"""
 
 
 def main(argv: list[str]) -> int:
   argv, overrides = cli.split_overrides(argv)
-  parser = argparse.ArgumentParser(prog="python -m jaxlab.main", description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m jaxlab.main", description=__doc__.split("\n\n")[0],
+                                   epilog=HELP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--config", required=True, help="experiments/<paper>/config.py:<variant> (or <paper>:<variant>)")
   parser.add_argument("--workdir", required=True, help="run directory (resumed if it holds a checkpoint)")
   args = parser.parse_args(argv)
+  from jaxlab import workdir as workdir_lib
+  workdir_lib.check_output_dir(args.workdir, "--workdir")
   distributed.initialize()
   summary = run(args.config, args.workdir, overrides)
   print(json.dumps(summary, indent=2, sort_keys=True, default=str))

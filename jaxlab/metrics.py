@@ -3,6 +3,10 @@
 `metrics.jsonl` holds one JSON object per logged step: `{"step": 100, "train/loss": 0.3, ...}`. When a run
 resumes from a checkpoint at step s, rows after s (logged by the interrupted run but not covered by the
 checkpoint) are dropped, so the file always reads as one uninterrupted run.
+
+A step may report a metric as `Weighted(value, weight)`: a mean over `weight` units (tokens, examples).
+Over a logging window the loop reports sum(value * weight) / sum(weight) (`aggregate`), so steps with more
+tokens count more; plain scalars are averaged over the steps.
 """
 
 from __future__ import annotations
@@ -13,7 +17,43 @@ import math
 import os
 from typing import Any, Mapping
 
+import flax
 import jax
+import numpy as np
+
+
+@flax.struct.dataclass
+class Weighted:
+  """A metric that is a mean over `weight` units (a pytree, returned from jitted steps).
+
+  Attributes:
+    value: the mean (scalar).
+    weight: the number of units it averages over (scalar, e.g. loss tokens).
+  """
+  value: Any
+  weight: Any
+
+
+def aggregate(rows: list[Mapping[str, Any]]) -> dict[str, float]:
+  """Combines per-step metric rows (host values) into one: weighted means for `Weighted`, means otherwise.
+
+  Args:
+    rows: one dict per step, values scalars or `Weighted` (fetched to the host).
+
+  Returns:
+    {name: float}: sum(value * weight) / sum(weight) in float64 for `Weighted` metrics, the mean over the
+    steps for the others.
+  """
+  out = {}
+  for k in (rows[0] if rows else {}):
+    vals = [r[k] for r in rows]
+    if isinstance(vals[0], Weighted):
+      v = np.array([float(np.asarray(x.value)) for x in vals], np.float64)
+      w = np.array([float(np.asarray(x.weight)) for x in vals], np.float64)
+      out[k] = float(np.sum(v * w) / np.sum(w)) if np.sum(w) > 0 else float(np.mean(v))
+    else:
+      out[k] = float(np.mean(vals))
+  return out
 
 
 def is_main_process() -> bool:
@@ -92,6 +132,11 @@ class MetricWriter:
     """Flushes TensorBoard events."""
     if self._tb is not None:
       self._tb.close()
+
+
+def jsonable(obj: Any) -> Any:
+  """`obj` with arrays / numpy scalars as Python values and NaN / inf as None (what the JSON files hold)."""
+  return _jsonable(obj)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -33,3 +33,9 @@ def enabled() -> bool:
 def bar(total: int, initial: int = 0, desc: str | None = None) -> tqdm:
   """A tqdm bar over steps (disabled where `enabled()` is False)."""
   return tqdm(total=total, initial=initial, desc=desc, disable=not enabled(), dynamic_ncols=True, leave=False)
+
+
+def postfix(metrics: dict, n: int = 2) -> dict[str, str]:
+  """The few metrics a bar shows: losses first (e.g. train/loss), then the others, short names."""
+  keys = sorted(metrics, key=lambda k: ("loss" not in k, k.endswith("steps_per_sec")))[:n]
+  return {k.split("/")[-1]: f"{metrics[k]:.4g}" for k in keys if isinstance(metrics[k], (int, float))}

@@ -1,8 +1,8 @@
 """Finding experiments: by name in `jaxlab.experiments`, or by a folder / config.py path anywhere.
 
-An experiment is a folder with `config.py` (`get_config(arg)`, optional `sweep(arg)`, `CLAIMS`,
-optional `SEEDS`) and `train.py` (`train_and_evaluate(config, workdir) -> dict`, optional
-`plot(runs, workdirs, out_dir)`). The library finds them by name here, so `jaxlab` itself never imports
+An experiment is a folder with `config.py` (`get_config(arg)` ending in `configs.finalize(c, validate)`,
+optional `sweep(arg)`, `CLAIMS`, optional `SEEDS`) and `train.py` (`train_and_evaluate(config, workdir) ->
+dict`, optional `plot(runs, workdirs, out_dir)`). The library finds them by name here, so `jaxlab` itself never imports
 `jaxlab.experiments` statically.
 """
 
@@ -45,9 +45,26 @@ class Experiment:
   def claims(self) -> list:
     return list(getattr(self.config_module, "CLAIMS", []))
 
-  def get_config(self, arg: str | None = None) -> ml_collections.ConfigDict:
-    """Calls the experiment's `get_config(arg)`."""
-    return self.config_module.get_config(arg)
+  def get_config(self, arg: str | None = None, overrides: Any = ()) -> ml_collections.ConfigDict:
+    """The experiment's `get_config(arg)` with `overrides` applied before it is validated (once) and locked.
+
+    Args:
+      arg: the config argument, e.g. "tiny" or "variant=small,seed=1".
+      overrides: dotted-key overrides: a mapping `{"train.num_steps": 5}`, "key=value" strings, or a tuple
+        of such (applied in order).
+
+    Raises:
+      ConfigError: an unknown key, a bad value, or a config the experiment's `validate` rejects.
+    """
+    groups = overrides if isinstance(overrides, tuple) else (overrides,)
+    with configs.overriding(*groups):
+      config = self.config_module.get_config(arg)
+    if not isinstance(config, ml_collections.ConfigDict):
+      raise ConfigError(f"{self.name}: get_config must return an ml_collections.ConfigDict")
+    if not config.is_locked:
+      raise ConfigError(f"{self.name}: get_config must end with `return configs.finalize(c, validate)`")
+    configs.set_experiment_name(config, self.name)
+    return config
 
 
 def names() -> list[str]:
@@ -84,15 +101,20 @@ def load(name_or_path: str) -> Experiment:
                     "(or pass a folder holding config.py and train.py)")
 
 
-def load_config(spec: str, overrides: Any = ()) -> tuple[Experiment, ml_collections.ConfigDict]:
-  """Loads `path/to/config.py:ARG` (or `name:ARG`), applies overrides, returns (experiment, config)."""
+def load_config(spec: str, overrides: Any = (), values: Any = None) -> tuple[Experiment, ml_collections.ConfigDict]:
+  """Loads `path/to/config.py:ARG` (or `name:ARG`) with overrides applied, validated once.
+
+  Args:
+    spec: the `--config` value.
+    overrides: "key=value" strings (CLI) or a mapping.
+    values: a further mapping of typed values applied after `overrides` (e.g. a sweep point).
+
+  Returns:
+    (experiment, config).
+  """
   target, _, arg = spec.partition(":")
   exp = load(target)
-  config = exp.get_config(arg or None)
-  if not isinstance(config, ml_collections.ConfigDict):
-    raise ConfigError(f"{exp.name}: get_config must return an ml_collections.ConfigDict")
-  configs.apply_overrides(config, overrides)
-  return exp, config
+  return exp, exp.get_config(arg or None, (overrides, values or {}))
 
 
 def _from_package(name: str) -> Experiment:

@@ -1,14 +1,18 @@
 """Reproduces papers' claims: runs each paper's variant over seeds and checks its CLAIMS.
 
     python -m jaxlab.reproduce quickstart                 # tiny variant, the paper's default seeds
-    python -m jaxlab.reproduce PAPER [PAPER ...] [--variant tiny] [--seeds 0,1,2] [--out DIR]
+    python -m jaxlab.reproduce PAPER [PAPER ...] [--variant tiny] [--seeds 0,1,2] [--out DIR] [--resume]
     python -m jaxlab.reproduce --all | --list
+    python -m jaxlab.reproduce --stale                    # experiments whose ledger is out of date
+    python -m jaxlab.reproduce --table                    # the README's results table from the ledgers
 
 For each paper it writes `OUT/<paper>/results.json` ({"paper", "variant", "seeds", "claims": [{"name",
 "text", "measured", "target", "passed"}], "runs": [summaries], "wall_s"}), per-seed run directories
 `OUT/<paper>/<variant>/seed_<s>/`, and plots (training curves, plus the experiment's own `plot`). It prints
 a table (paper, claim, measured, target, PASS/FAIL, wall time) and exits 0 only when every claim passed.
 Runs start fresh unless `--resume` is given (then finished seeds are reused and unfinished ones resumed).
+A run of the claims as declared (tiny variant, the paper's SEEDS, no overrides) also writes the paper's
+ledger `experiments/<paper>/claims.json` (see `jaxlab.ledger`): what the README's results table shows.
 """
 
 from __future__ import annotations
@@ -19,14 +23,18 @@ import shutil
 import sys
 import time
 
-from jaxlab import cli, distributed
+from jaxlab import cli, distributed, ledger
 
 DEFAULT_PAPER = "quickstart"
 
 
 def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results/reproduce",
-              resume: bool = False, overrides=()) -> dict:
-  """Runs one paper over seeds, checks its claims and writes results.json; returns that dict."""
+              resume: bool = False, overrides=(), write_ledger: bool = True) -> dict:
+  """Runs one paper over seeds, checks its claims and writes results.json; returns that dict.
+
+  With the declared claims setting (tiny, the paper's SEEDS, no overrides) and `write_ledger`, also writes
+  `experiments/<paper>/claims.json`.
+  """
   import jax
   from jaxlab import configs, metrics, plotting, registry
   exp = registry.load(paper)
@@ -38,10 +46,8 @@ def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results
   t0 = time.time()
   runs, workdirs = [], []
   for seed in seeds:
-    config = exp.get_config(variant)
-    configs.apply_overrides(config, overrides)
-    configs.apply_overrides(config, {"seed": seed})
-    configs.validate(config, num_devices=jax.device_count())
+    config = exp.get_config(variant, (overrides, {"seed": seed}))
+    configs.check_devices(config, jax.device_count())
     workdir = os.path.join(base, variant, f"seed_{seed}")
     if not resume and os.path.isdir(workdir) and jax.process_index() == 0:
       shutil.rmtree(workdir)
@@ -53,16 +59,45 @@ def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results
       "claims": [c.check(runs) for c in exp.claims], "runs": runs, "wall_s": time.time() - t0}
   plots = []
   if jax.process_index() == 0:
+    labels = [f"seed {s}" for s in seeds]
     p = plotting.plot_curves(workdirs, ("train/loss",) + tuple(_eval_keys(runs)),
-                             os.path.join(base, "curves.png"), labels=[f"seed {s}" for s in seeds],
-                             title=f"{exp.name} ({variant})")
+                             os.path.join(base, "curves.png"), labels=labels, title=f"{exp.name} ({variant})")
     plots += [p] if p else []
+    for sub in _sub_runs(workdirs):   # the training curves of staged runs' sub-runs (workdir/stages/<name>/)
+      p = plotting.plot_curves([os.path.join(w, "stages", sub) for w in workdirs], ("train/loss",),
+                               os.path.join(base, f"curves_{sub}.png"), labels=labels,
+                               title=f"{exp.name} ({variant}): stage {sub}")
+      plots += [p] if p else []
     plot_fn = getattr(exp.train_module, "plot", None)
     if plot_fn is not None:
       plots += list(plot_fn(runs, workdirs, base) or [])
   results["plots"] = [os.path.relpath(p, base) for p in plots]
   metrics.write_json(os.path.join(base, "results.json"), results)
+  declared = variant == "tiny" and list(seeds) == list(getattr(exp.config_module, "SEEDS", (0, 1, 2)))
+  if declared and not any(overrides) and write_ledger and jax.process_index() == 0 \
+      and exp.package.startswith(registry.PACKAGE + "."):
+    path = ledger.write(exp.name, results)
+    print(f"[{exp.name}] ledger: {os.path.relpath(path)}", file=sys.stderr, flush=True)
   return results
+
+
+def results_table() -> str:
+  """The README's results table, generated from every experiment's ledger and `RESULTS` metadata."""
+  from jaxlab import registry
+  names = sorted(registry.names(), key=lambda n: (n != DEFAULT_PAPER, n))
+  metas = {n: getattr(registry.load(n).config_module, "RESULTS", None) for n in names}
+  return ledger.table(names, {n: m for n, m in metas.items() if m})
+
+
+def _sub_runs(workdirs: list[str]) -> list[str]:
+  """Names of the stage sub-runs (folders with a metrics.jsonl under workdir/stages/) every workdir has."""
+  found = None
+  for w in workdirs:
+    root = os.path.join(w, "stages")
+    names = {d for d in (os.listdir(root) if os.path.isdir(root) else [])
+             if os.path.isfile(os.path.join(root, d, "metrics.jsonl"))}
+    found = names if found is None else found & names
+  return sorted(found or ())
 
 
 def _eval_keys(runs: list[dict]) -> list[str]:
@@ -89,24 +124,45 @@ def format_table(all_results: list[dict]) -> str:
 
 def main(argv: list[str]) -> int:
   argv, overrides = cli.split_overrides(argv)
-  parser = argparse.ArgumentParser(prog="python -m jaxlab.reproduce", description=__doc__.split("\n\n")[0])
+  parser = argparse.ArgumentParser(
+      prog="python -m jaxlab.reproduce", description=__doc__.split("\n\n")[0],
+      epilog="Overrides: --config.KEY=VALUE applies to every seed's config (see python -m jaxlab.main --help).",
+      formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("papers", nargs="*", help=f"experiment names or folders (default: {DEFAULT_PAPER})")
   parser.add_argument("--all", action="store_true", help="every experiment")
   parser.add_argument("--list", action="store_true", help="list experiments and exit")
-  parser.add_argument("--variant", default="tiny")
-  parser.add_argument("--seeds", default=None, help="comma-separated seeds (default: the paper's SEEDS)")
-  parser.add_argument("--out", default="results/reproduce")
-  parser.add_argument("--resume", action="store_true", help="reuse finished seeds, resume unfinished ones")
+  parser.add_argument("--variant", default="tiny", help="config variant (default: tiny, the one the claims are on)")
+  parser.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: the paper's SEEDS)")
+  parser.add_argument("--out", default="results/reproduce", help="output directory (default: results/reproduce)")
+  parser.add_argument("--resume", action="store_true", help="reuse finished seeds, resume unfinished ones "
+                      "(without it every seed starts over)")
+  parser.add_argument("--stale", action="store_true", help="list the experiments whose ledger "
+                      "(experiments/<paper>/claims.json) predates a change to a file they import, and exit")
+  parser.add_argument("--table", action="store_true", help="print the README's results table from the ledgers "
+                      "and exit")
+  parser.add_argument("--no_ledger", action="store_true", help="do not write experiments/<paper>/claims.json")
   args = parser.parse_args(argv)
   from jaxlab import registry
+  from jaxlab import workdir as workdir_lib
   if args.list:
     for name in registry.names():
       print(f"{name:24s} {registry.load(name).description}")
     return 0
+  if args.table:
+    print(results_table())
+    return 0
+  if args.stale:
+    old = ledger.stale(args.papers or registry.names())
+    for name, files in old.items():
+      print(f"{name:24s} {', '.join(files[:4])}{f' (+{len(files) - 4} more)' if len(files) > 4 else ''}")
+    print(f"{len(old)} stale" if old else "every ledger is up to date")
+    return 0
+  seeds = cli.parse_seeds(args.seeds)
+  workdir_lib.check_output_dir(args.out, "--out")
   distributed.initialize()
   papers = registry.names() if args.all else (args.papers or [DEFAULT_PAPER])
-  seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-  results = [reproduce(p, args.variant, seeds, args.out, args.resume, overrides) for p in papers]
+  results = [reproduce(p, args.variant, seeds, args.out, args.resume, overrides, not args.no_ledger)
+             for p in papers]
   print(format_table(results))
   ok = all(c["passed"] for r in results for c in r["claims"])
   print(f"\n{'all claims passed' if ok else 'SOME CLAIMS FAILED'}; results under {args.out}/")
@@ -114,4 +170,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  cli.main_wrapper(main)
+  cli.main_wrapper(main, resume=cli.reproduce_resume_argv)

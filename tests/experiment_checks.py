@@ -1,10 +1,12 @@
-"""Checks every experiment must pass (DESIGN.md, Testing); each tests/experiments/test_<paper>.py calls them.
+"""Checks every experiment must pass (the project's testing rules); each tests/experiments/test_<paper>.py calls them.
 
 * `check_end_to_end`: the tiny variant (shortened) trains and writes config.json, metrics.jsonl,
   summary.json and a checkpoint; returns the summary.
 * `check_resume`: deleting the final checkpoint and summary and rerunning resumes from the previous
   checkpoint and ends with the same summary (bit-identical metrics on CPU).
 * `check_sharded_equals_single`: a 4x2 (data, model) mesh logs the same metrics as one device.
+* `check_sigterm_resume` (staged experiments): SIGTERM arriving inside a stage and between two stages stops
+  the run after recording the stage; the rerun resumes and ends with the reference's summary.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import numpy as np
 
 from jaxlab import configs, metrics, registry
 
-VOLATILE = ("wall_s", "train/steps_per_sec", "mesh", "num_devices")
+VOLATILE = ("wall_s", "resumes", "train/steps_per_sec", "mesh", "num_devices")
 
 
 def _run(name, workdir, overrides):
   exp = registry.load(name)
-  c = exp.get_config("tiny")
-  configs.apply_overrides(c, overrides)
-  configs.validate(c, num_devices=8)
+  c = exp.get_config("tiny", overrides)
+  configs.check_devices(c, 8)
   return exp.train_module.train_and_evaluate(c, str(workdir))
+
+
+def _strip(summary):
+  return {k: v for k, v in summary.items() if k not in VOLATILE}
 
 
 def check_end_to_end(name: str, workdir, overrides: dict) -> dict:
@@ -46,8 +51,7 @@ def check_resume(name: str, workdir, overrides: dict) -> None:
   shutil.rmtree(os.path.join(ckpt_dir, str(steps[-1])))
   os.remove(os.path.join(workdir, "summary.json"))
   second = _run(name, workdir, overrides)
-  a = {k: v for k, v in first.items() if k not in VOLATILE}
-  b = {k: v for k, v in second.items() if k not in VOLATILE}
+  a, b = _strip(first), _strip(second)
   assert a == b, f"{name}: resumed run differs: {a} vs {b}"
 
 
@@ -63,3 +67,58 @@ def check_sharded_equals_single(name: str, tmp_path, overrides: dict, rtol: floa
     assert keys and a["step"] == b["step"]
     np.testing.assert_allclose([a[k] for k in keys], [b[k] for k in keys], rtol=rtol, atol=1e-7,
                                err_msg=f"{name}: sharded vs single device at step {a['step']}")
+
+
+def check_sigterm_resume(name: str, tmp_path, overrides: dict, inside: int = 1, reference: dict | None = None) -> None:
+  """SIGTERM inside stage `inside`, then (in the resumed run) between stages `inside + 1` and `inside + 2`:
+  each run stops after recording the stage it was in, the reruns resume, and the final summary equals an
+  uninterrupted run's. Needs at least `inside + 3` stages.
+
+  The signal is sent deterministically: when the progress bar names stage `inside` (its start), and when
+  stage `inside + 1`'s metrics row is written (after its checkpoint).
+  """
+  import signal
+  from unittest import mock
+
+  from jaxlab import progress
+  from jaxlab.train import Preempted
+  ref = reference if reference is not None else _run(name, os.path.join(tmp_path, "reference"), overrides)
+  real_bar, real_write = progress.bar, metrics.MetricWriter.write
+
+  def bar_sending_at(stage_index):
+    def make(*args, **kwargs):
+      b = real_bar(*args, **kwargs)
+      count = {"n": kwargs.get("initial", 0)}
+      real_set = b.set_description
+
+      def set_description(desc, *a, **k):
+        if count["n"] == stage_index:
+          os.kill(os.getpid(), signal.SIGTERM)
+        count["n"] += 1
+        return real_set(desc, *a, **k)
+      b.set_description = set_description
+      return b
+    return make
+
+  def write_sending_at(stage_index):
+    def write(self, step, values):
+      real_write(self, step, values)
+      if "stage" in values and step == stage_index + 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return write
+
+  wd = os.path.join(tmp_path, "interrupted")
+  with mock.patch.object(progress, "bar", bar_sending_at(inside)):
+    try:
+      _run(name, wd, overrides)
+      raise AssertionError(f"{name}: SIGTERM inside stage {inside} did not stop the run")
+    except Preempted:
+      pass
+  with mock.patch.object(metrics.MetricWriter, "write", write_sending_at(inside + 1)):
+    try:
+      _run(name, wd, overrides)
+      raise AssertionError(f"{name}: SIGTERM after stage {inside + 1} did not stop the run")
+    except Preempted:
+      pass
+  final = _run(name, wd, overrides)
+  assert _strip(final) == _strip(ref), f"{name}: interrupted + resumed run differs from the reference"

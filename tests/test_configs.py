@@ -1,8 +1,8 @@
-"""Config parsing, overrides and validation: every bad input gets a one-line error naming the key."""
+"""Config parsing, sections, overrides and validation: every bad input gets a one-line error naming the key."""
 
 import pytest
 
-from jaxlab import configs, registry
+from jaxlab import configs, mesh as mesh_lib, registry
 from jaxlab.errors import ConfigError
 
 
@@ -21,21 +21,46 @@ def test_parse_arg_errors(arg, match):
     configs.parse_arg(arg, variant="tiny", seed=0)
 
 
-def test_overrides_typed_and_unknown_keys():
+def _trained():
   c = configs.base_config()
+  c.train = configs.train_config()
+  return c
+
+
+def test_overrides_typed_and_unknown_keys():
+  c = _trained()
   c.lock()
-  configs.apply_overrides(c, ["optimizer.learning_rate=0.5", "num_steps=7", "mesh=(('data', 2), ('model', 4))",
-                              "async_checkpoint=false"])
-  assert c.optimizer.learning_rate == 0.5 and c.num_steps == 7 and c.mesh[1] == ("model", 4)
-  assert c.async_checkpoint is False
+  configs.apply_overrides(c, ["train.optimizer.learning_rate=0.5", "train.num_steps=7",
+                              "mesh=(('data', 2), ('model', 4))", "train.async_checkpoint=false"])
+  assert c.train.optimizer.learning_rate == 0.5 and c.train.num_steps == 7 and c.mesh[1] == ("model", 4)
+  assert c.train.async_checkpoint is False
   with pytest.raises(ConfigError, match="did you mean 'learning_rate'"):
-    configs.apply_overrides(c, {"optimizer.learning_rat": 0.1})
+    configs.apply_overrides(c, {"train.optimizer.learning_rat": 0.1})
   with pytest.raises(ConfigError, match="expects int"):
-    configs.apply_overrides(c, ["num_steps=ten"])
+    configs.apply_overrides(c, ["train.num_steps=ten"])
+  with pytest.raises(ConfigError, match="unknown config key 'num_steps' \\(did you mean 'train.num_steps'\\?\\)"):
+    configs.apply_overrides(c, ["num_steps=3"])
+
+
+def test_sharding_rules_presets():
+  c = configs.base_config()
+  assert c.sharding_rules == mesh_lib.RULES["tensor_parallel"] == mesh_lib.DEFAULT_RULES
+  configs.apply_overrides(c, ["sharding_rules=fsdp"])
+  assert c.sharding_rules == mesh_lib.RULES["fsdp"] and dict(c.sharding_rules)["embed"] == "data"
+  with pytest.raises(ConfigError, match="unknown sharding-rules preset 'fdsp'"):
+    mesh_lib.rules_preset("fdsp")
+
+
+def test_train_config_omits_keys_and_rejects_unknown_ones():
+  t = configs.train_config(batch_size=None, eval_batch_size=None, num_steps=None, optimizer=None, log_every=1)
+  assert "batch_size" not in t and "num_steps" not in t and "optimizer" not in t and t.log_every == 1
+  assert configs.train_config(optimizer=dict(learning_rate=0.1)).optimizer.learning_rate == 0.1
+  with pytest.raises(ConfigError, match="did you mean 'num_steps'"):
+    configs.train_config(num_step=3)
 
 
 def _bad(**kv):
-  c = configs.base_config()
+  c = _trained()
   for k, v in kv.items():
     node = c
     *path, leaf = k.split("__")
@@ -46,10 +71,10 @@ def _bad(**kv):
 
 
 @pytest.mark.parametrize("config,match", [
-    (_bad(batch_size=0), "batch_size must be a positive integer"),
-    (_bad(optimizer__name="adagrad"), "optimizer.name='adagrad'"),
-    (_bad(optimizer__learning_rate=-1.0), "learning_rate must be positive"),
-    (_bad(optimizer__schedule="linear"), "optimizer.schedule"),
+    (_bad(train__batch_size=0), "train.batch_size must be a positive integer"),
+    (_bad(train__optimizer__name="adagrad"), "optimizer.name='adagrad'"),
+    (_bad(train__optimizer__learning_rate=-1.0), "learning_rate must be positive"),
+    (_bad(train__optimizer__schedule="linear"), "optimizer.schedule"),
     (_bad(variant="huge"), "variant='huge'"),
     (_bad(mesh=(("data", -1), ("model", -1))), "at most one -1"),
     (_bad(sharding_rules=(("mlp", "tensor"),)), "mesh axis 'tensor'"),
@@ -61,30 +86,52 @@ def test_validate_rejects_bad_values(config, match):
 
 def test_validate_unknown_top_level_key_and_missing_key():
   c = configs.base_config()
-  c.batchsize = 3
-  with pytest.raises(ConfigError, match="unknown config key 'batchsize'.*did you mean 'batch_size'"):
+  c.num_steps = 3
+  with pytest.raises(ConfigError, match="unknown config key 'num_steps'.*belong in config.train"):
     configs.validate(c)
-  c = configs.base_config()
-  del c["optimizer"]["eps"]
-  c.optimizer.epsilon = 1e-8
-  with pytest.raises(ConfigError, match="optimizer.epsilon"):
+  c = _trained()
+  del c["train"]["optimizer"]["eps"]
+  c.train.optimizer.epsilon = 1e-8
+  with pytest.raises(ConfigError, match="train.optimizer.epsilon"):
     configs.validate(c)
 
 
-def test_validate_batch_against_mesh():
-  c = configs.base_config()
-  c.batch_size = 12
-  configs.validate(c, num_devices=4)
-  with pytest.raises(ConfigError, match="batch_size=12 is not divisible by the 8-way data split"):
-    configs.validate(c, num_devices=8)
+def test_check_devices_batch_against_mesh():
+  c = _trained()
+  c.train.batch_size = 12
+  configs.check_devices(c, 4)
+  with pytest.raises(ConfigError, match="train.batch_size=12 is not divisible by the 8-way data split"):
+    configs.check_devices(c, 8)
   c.mesh = (("data", -1), ("model", 3))
   with pytest.raises(ConfigError, match="does not fit 8 devices"):
-    configs.validate(c, num_devices=8)
+    configs.check_devices(c, 8)
   c.mesh = (("data", 4), ("model", 4))
   with pytest.raises(ConfigError, match="needs 16 devices but 8 are present"):
-    configs.validate(c, num_devices=8)
+    configs.check_devices(c, 8)
   c.mesh = (("data", 1), ("model", 1))  # smaller than the machine: a single-device run
-  configs.validate(c, num_devices=8)
+  configs.check_devices(c, 8)
+
+
+def test_finalize_validates_once_with_overrides_and_apply_overrides_revalidates(toy):
+  calls = []
+  c = configs.base_config()
+  c.model = configs.ml_collections.ConfigDict(dict(width=4))
+
+  def validate(cfg):
+    calls.append(cfg.model.width)
+    if cfg.model.width < 1:
+      raise ConfigError("config.model.width must be >= 1")
+
+  with configs.overriding({"model.width": 7}):
+    configs.finalize(c, validate)
+  assert calls == [7] and c.is_locked                       # overrides applied first, one validation
+  configs.apply_overrides(c, {"model.width": 5})
+  assert calls == [7, 5]
+  with pytest.raises(ConfigError, match="width must be >= 1"):
+    configs.apply_overrides(c, {"model.width": 0})
+  # The registry's get_config(arg, overrides) goes the same way: the experiment's validate sees the overrides.
+  with pytest.raises(ConfigError, match="model.hidden must be >= 1"):
+    toy.get_config("tiny", {"model.hidden": 0})
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -93,7 +140,15 @@ def test_every_experiment_variant_builds_and_validates(name, variant):
   exp = registry.load(name)
   c = exp.get_config(variant)
   assert c.variant == variant and c.is_locked
-  configs.validate(c)
   if hasattr(exp.config_module, "sweep"):
     for point in exp.config_module.sweep(variant):
-      configs.validate(configs.apply_overrides(exp.get_config(variant), point))
+      exp.get_config(variant, point)
+
+
+def test_no_config_carries_unused_or_derived_keys(root):
+  import glob
+  import re
+  for path in glob.glob(f"{root}/experiments/*/config.py"):
+    text = open(path).read()
+    assert not re.search(r"\bunused\b", text), f"{path} mentions an unused key"
+    assert "num_stages" not in text, f"{path} derives a step count from its stages"

@@ -25,7 +25,7 @@ def test_two_processes_match_one_process(toy, tmp_path, root):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
                JAXLAB_COORDINATOR=f"localhost:{port}", JAXLAB_NUM_PROCESSES="2", JAXLAB_PROCESS_ID=str(pid))
     cmd = [sys.executable, "-m", "jaxlab.main", "--config", os.path.join(root, "tests/fixtures/toy/config.py:tiny"),
-           "--workdir", str(wd), f"--config.mesh={mesh}", "--config.num_steps=20"]
+           "--workdir", str(wd), f"--config.mesh={mesh}", "--config.train.num_steps=20"]
     procs.append(subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
   outs = [p.communicate(timeout=600)[0] for p in procs]
   for p, out in zip(procs, outs):
@@ -33,7 +33,7 @@ def test_two_processes_match_one_process(toy, tmp_path, root):
   # Process 0 alone wrote the records; the checkpoint was written by both together.
   assert os.path.exists(wd / "checkpoints" / "20")
   c = toy.get_config("tiny")
-  configs.apply_overrides(c, {"mesh": (("data", 4), ("model", 2)), "num_steps": 20})
+  configs.apply_overrides(c, {"mesh": (("data", 4), ("model", 2)), "train.num_steps": 20})
   single = toy.train_module.train_and_evaluate(c, str(tmp_path / "single"))
   multi = metrics.read_json(str(wd / "summary.json"))
   rows = lambda w: [(r["step"], r["train/loss"]) for r in metrics.read_metrics(str(w)) if "train/loss" in r]  # noqa

@@ -1,4 +1,4 @@
-"""Project layout and dependency rules (DESIGN.md), README/CI consistency, packaging."""
+"""Project layout and dependency rules , README/CI consistency, packaging."""
 
 import ast
 import glob

@@ -23,6 +23,6 @@ def _params():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(_params()))
 def test_claims_pass(name, tmp_path):
-  res = reproduce.reproduce(name, out=str(tmp_path))
+  res = reproduce.reproduce(name, out=str(tmp_path), write_ledger=False)
   failed = [c for c in res["claims"] if not c["passed"]]
   assert not failed, reproduce.format_table([res])

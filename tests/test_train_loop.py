@@ -10,13 +10,16 @@ import pytest
 from jaxlab import configs, metrics, state as state_lib
 from jaxlab import checkpoint as ckpt_lib
 from jaxlab import mesh as mesh_lib
-from jaxlab.errors import CheckpointError, NonFiniteError
+from jaxlab.errors import CheckpointError, ConfigError, NonFiniteError
+
+
+TRAIN_KEYS = tuple(configs.TRAIN_DEFAULTS) + ("optimizer",)
 
 
 def _config(toy, **over):
-  c = toy.get_config("tiny")
-  configs.apply_overrides(c, over)
-  return c
+  """The toy's tiny config with overrides; short names of train keys (num_steps, optimizer.name) allowed."""
+  over = {(f"train.{k}" if k.split(".")[0] in TRAIN_KEYS else k): v for k, v in over.items()}
+  return toy.get_config("tiny", over)
 
 
 def _run(toy, workdir, hooks=(), devices=None, **over):
@@ -114,7 +117,7 @@ def test_checkpoint_restores_onto_another_mesh(toy, tmp_path, reference):
   m = mesh_lib.make_mesh((("data", 2), ("model", 4)))
   md = state_lib.ModelDef(toy.train_module.model_fn(c))
   from jaxlab.train import optim
-  tx, _ = optim.make_optimizer(c.optimizer, c.num_steps)
+  tx, _ = optim.make_optimizer(c.train.optimizer, c.train.num_steps)
   fresh, shardings = state_lib.create_train_state(md, tx, m, c.sharding_rules, seed=5)
   items, meta = ckpt_lib.Checkpointer(str(wd / "checkpoints")).restore(40, state_lib.abstract_with_shardings(shardings, fresh))
   restored = ckpt_lib.from_items(items, fresh)
@@ -126,19 +129,54 @@ def test_checkpoint_restores_onto_another_mesh(toy, tmp_path, reference):
   assert summary["step"] == 45 and dict(cap.shardings[41].mesh.shape) == {"data": 8, "model": 1}
 
 
-def test_checkpoint_of_another_model_is_a_clear_error(toy, tmp_path, reference):
+def _listing(wd):
+  return sorted((os.path.relpath(os.path.join(d, f), wd), os.path.getsize(os.path.join(d, f)))
+                for d, _, files in os.walk(wd) for f in files)
+
+
+def test_a_changed_config_is_refused_and_writes_nothing(toy, tmp_path, reference):
   wd = tmp_path / "other"
   shutil.copytree(reference[0], wd)
-  with pytest.raises(CheckpointError, match=r"different model: 'model/\S+' is float32\(16,\) in the "
-                                            r"checkpoint but float32\(32,\) in the model.*fresh --workdir"):
+  before, config_text = _listing(wd), (wd / "config.json").read_text()
+  with pytest.raises(ConfigError, match=r"was started with a different config \(model.hidden: 16 -> 32\); rerun "
+                                        r"with the same config to resume it, or use another --workdir"):
     _run(toy, wd, num_steps=50, **{"model.hidden": 32})
+  with pytest.raises(ConfigError, match=r"train.optimizer.name: 'adamw' -> 'sgd'"):
+    _run(toy, wd, **{"optimizer.name": "sgd"})
+  assert _listing(wd) == before and (wd / "config.json").read_text() == config_text
+  # Execution keys may change on resume (here: more steps on another mesh).
+  assert _run(toy, wd, num_steps=45, mesh=(("data", 2), ("model", 4)))["step"] == 45
+
+
+def test_a_checkpoint_of_another_model_or_optimizer_is_named_as_such(toy, tmp_path, reference):
+  wd = tmp_path / "noconfig"
+  shutil.copytree(reference[0], wd)
+  os.remove(wd / "config.json")                        # no record: the checkpoint's signature decides
+  os.remove(wd / "summary.json")
+  with pytest.raises(CheckpointError, match=r"different model: 'model/\S+' is float32\(16,\) in the "
+                                            r"checkpoint but float32\(32,\) in the model.*another --workdir"):
+    _run(toy, wd, num_steps=50, **{"model.hidden": 32})
+  with pytest.raises(CheckpointError, match=r"same model but another optimizer's state.*init_from"):
+    _run(toy, wd, num_steps=50, **{"optimizer.name": "sgd"})
+
+
+def test_a_workdir_of_another_experiment_is_refused(toy, tmp_path, reference):
+  from jaxlab import registry
+  wd = tmp_path / "quick"
+  shutil.copytree(reference[0], wd)
+  before = _listing(wd)
+  exp = registry.load("quickstart")
+  c = exp.get_config("tiny", {"train.num_steps": 20})
+  with pytest.raises(CheckpointError, match=r"holds a run of experiment toy, not quickstart; use another --workdir"):
+    exp.train_module.train_and_evaluate(c, str(wd))
+  assert _listing(wd) == before
 
 
 def test_corrupt_checkpoint_is_a_clear_error(toy, tmp_path, reference):
   wd = tmp_path / "corrupt"
   shutil.copytree(reference[0], wd)
   shutil.rmtree(wd / "checkpoints" / "40" / "meta")
-  with pytest.raises(CheckpointError, match="corrupt or incomplete.*delete that step folder"):
+  with pytest.raises(CheckpointError, match="checkpoints/40 is damaged.*delete that step folder"):
     _run(toy, wd, num_steps=50)
 
 
@@ -154,7 +192,7 @@ def test_init_from_takes_params_only(toy, tmp_path, reference):
 
 
 def test_nan_guard_names_metric_and_step(toy, tmp_path):
-  with pytest.raises(NonFiniteError, match=r"train/\S+ became (nan|inf|-inf) at step \d+; lower config.optimizer"):
+  with pytest.raises(NonFiniteError, match=r"train/\S+ became (nan|inf|-inf) at step \d+; lower the learning rate"):
     _run(toy, tmp_path / "nan", **{"optimizer.name": "sgd", "optimizer.learning_rate": 1e30})
 
 

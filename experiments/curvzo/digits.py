@@ -3,8 +3,8 @@
 An MLP 64 -> hidden (tanh) -> 10 is trained with Adam on sklearn digits of classes 0-4 only, then every
 parameter is fine-tuned by a zeroth-order method on all 10 classes (cross-entropy, minibatches of
 `batch`, `steps` ZO steps = 2 steps forward passes). Each method's lr is chosen from `lrs` by accuracy on a
-validation split of the training images; the test accuracy at that lr is reported (spec section 4,
-"secondary"). All lrs run as one vmapped program.
+validation split of the training images; the test accuracy at that lr is reported (a secondary,
+report-only experiment). All lrs run as one vmapped program.
 """
 
 from __future__ import annotations

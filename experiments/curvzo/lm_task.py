@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlab import configs
 from jaxlab import mesh as mesh_lib
 from jaxlab.data.jsonl import iter_jsonl
 from jaxlab.errors import DataError, MissingDependencyError
@@ -31,7 +32,6 @@ from jaxlab.state import ModelDef, param_count, tree_shardings
 from jaxlab.train import run_loop
 
 from . import method as method_lib
-
 
 
 def _t(x) -> str:
@@ -183,63 +183,65 @@ def train_and_evaluate(config, workdir: str) -> dict:
   rng = np.random.default_rng(config.seed)
   perm = rng.permutation(len(train_all))
   train_idx, dev_idx = perm[: t.n_train], perm[t.n_train: t.n_train + t.n_dev]
-  if len(train_idx) < config.batch_size:
-    raise DataError(f"{t.name}: {len(train_idx)} training examples < batch_size={config.batch_size}")
+  tc = config.train
+  if len(train_idx) < tc.batch_size:
+    raise DataError(f"{t.name}: {len(train_idx)} training examples < config.train.batch_size={tc.batch_size}")
   train = encode([train_all[i] for i in train_idx], t.name, tok, t.max_length)
   dev = encode([train_all[i] for i in dev_idx], t.name, tok, t.max_length) if len(dev_idx) else None
   evl = encode([eval_all[i] for i in _sample(len(eval_all), t.n_eval, rng)], t.name, tok, t.max_length)
 
-  mesh = mesh_lib.make_mesh(config.mesh)
-  md, params, rest = build_model(config, tok)
-  p_sh = tree_shardings(md.param_specs, params, mesh, config.sharding_rules)
-  params = jax.device_put(params, p_sh)
-  rest = jax.device_put(rest, mesh_lib.replicated(mesh))
-  bsh = mesh_lib.batch_sharding(mesh, config.sharding_rules)
-  lr = config.method.learning_rate
-  opt = method_lib.make_optimizer(config.method.method, params, lambda step: jnp.float32(lr), config.method,
-                                  shardings=p_sh)
+  configs.check_devices(config, jax.device_count())
+  with mesh_lib.use_config(config) as mesh:     # the ZO optimizer and the model read the mesh from context
+    md, params, rest = build_model(config, tok)
+    p_sh = tree_shardings(md.param_specs, params, mesh, mesh_lib.current_rules())
+    params = jax.device_put(params, p_sh)
+    rest = jax.device_put(rest, mesh_lib.replicated(mesh))
+    bsh = mesh_lib.batch_sharding()
+    lr = config.method.learning_rate
+    opt = method_lib.make_optimizer(config.method.method, params, lambda step: jnp.float32(lr), config.method)
 
-  def loss_fn(p, batch):
-    model = md.merge(p, rest)
-    return classification_loss(candidate_scores(model, batch), batch["label"])
+    def loss_fn(p, batch):
+      model = md.merge(p, rest)
+      return classification_loss(candidate_scores(model, batch), batch["label"])
 
-  repl = mesh_lib.replicated(mesh)
-  state = {"params": params, "opt": jax.device_put(opt.init(config.seed), repl)}
-  shardings = {"params": p_sh, "opt": jax.tree.map(lambda _: repl, state["opt"])}
+    repl = mesh_lib.replicated(mesh)
+    state = {"params": params, "opt": jax.device_put(opt.init(config.seed), repl)}
+    shardings = {"params": p_sh, "opt": jax.tree.map(lambda _: repl, state["opt"])}
 
-  def train_step(state, batch):
-    p, o, mets = opt.step(loss_fn, state["params"], state["opt"], batch)
-    return {"params": p, "opt": o}, {f"train/{k}": v for k, v in mets.items()}
-  step = jax.jit(train_step, donate_argnums=0, out_shardings=(shardings, None))
+    def train_step(state, batch):
+      p, o, mets = opt.step(loss_fn, state["params"], state["opt"], batch)
+      return {"params": p, "opt": o}, {f"train/{k}": v for k, v in mets.items()}
+    step = jax.jit(train_step, donate_argnums=0, out_shardings=(shardings, None))
 
-  def get_batch(i):
-    idx = np.random.default_rng([config.seed, i]).choice(len(train["label"]), config.batch_size, replace=False)
-    return jax.device_put({k: v[idx] for k, v in train.items()}, bsh)
+    def get_batch(i):
+      idx = np.random.default_rng([config.seed, i]).choice(len(train["label"]), tc.batch_size, replace=False)
+      return jax.device_put({k: v[idx] for k, v in train.items()}, bsh)
 
-  @jax.jit
-  def correct(p, batch):
-    return jnp.argmax(candidate_scores(md.merge(p, rest), batch), -1) == batch["label"]
+    @jax.jit
+    def correct(p, batch):
+      return jnp.argmax(candidate_scores(md.merge(p, rest), batch), -1) == batch["label"]
 
-  def accuracy(p, data):
-    n = len(data["label"])
-    bs = config.eval_batch_size or config.batch_size
-    hits = 0
-    for s in range(0, n, bs):
-      chunk = {k: v[s:s + bs] for k, v in data.items()}
-      m = len(chunk["label"])
-      if m < bs:  # pad the last batch with copies of its first row; only the first m rows count
-        chunk = {k: np.concatenate([v, np.repeat(v[:1], bs - m, 0)]) for k, v in chunk.items()}
-      hits += int(np.sum(np.asarray(jax.device_get(correct(p, jax.device_put(chunk, bsh))))[:m]))
-    return hits / max(n, 1)
+    def accuracy(p, data):
+      n = len(data["label"])
+      bs = tc.eval_batch_size or tc.batch_size
+      hits = 0
+      for s in range(0, n, bs):
+        chunk = {k: v[s:s + bs] for k, v in data.items()}
+        m = len(chunk["label"])
+        if m < bs:  # pad the last batch with copies of its first row; only the first m rows count
+          chunk = {k: np.concatenate([v, np.repeat(v[:1], bs - m, 0)]) for k, v in chunk.items()}
+        hits += int(np.sum(np.asarray(jax.device_get(correct(p, jax.device_put(chunk, bsh))))[:m]))
+      return hits / max(n, 1)
 
-  def evaluate(st):
-    out = {"eval/accuracy": accuracy(st["params"], evl)}
-    if dev is not None:
-      out["eval/dev_accuracy"] = accuracy(st["params"], dev)
-    return out
+    def evaluate(st):
+      out = {"eval/accuracy": accuracy(st["params"], evl)}
+      if dev is not None:
+        out["eval/dev_accuracy"] = accuracy(st["params"], dev)
+      return out
 
-  extra = {"num_params": param_count(params), "task": t.name, "tfds": tfds_name(t.name),
-           "method": config.method.method, "opt_state_floats": int(sum(np.prod(x.shape) for x in
-                                                                       jax.tree.leaves(state["opt"])))}
-  _, summary = run_loop(config, workdir, state, shardings, step, get_batch, evaluate=evaluate, extra_summary=extra)
+    extra = {"num_params": param_count(params), "task": t.name, "tfds": tfds_name(t.name),
+             "method": config.method.method, "opt_state_floats": int(sum(np.prod(x.shape) for x in
+                                                                         jax.tree.leaves(state["opt"])))}
+    _, summary = run_loop(config, workdir, state, shardings, step, get_batch, evaluate=evaluate,
+                          extra_summary=extra)
   return summary

@@ -228,10 +228,10 @@ def block_sparse_instance(seed: int, d: int, n_blocks: int, n_relevant: int):
 METHODS = ("mezo", "sparse", "curvzo", "curvzo_ht")
 
 
-def make_optimizer(method: str, params, lr, m, shardings=None) -> zo.ZOOptimizer:
+def make_optimizer(method: str, params, lr, m) -> zo.ZOOptimizer:
   """An optimizer from config.method (`m`); `lr` may be traced or a schedule `step -> lr`."""
   sched = lr if callable(lr) else (lambda step: lr)
-  common = dict(eps=m.eps, impl=m.impl, shardings=shardings)
+  common = dict(eps=m.eps, impl=m.impl)
   bs = "row" if m.row_blocks else m.block_size
   if method == "mezo":
     return zo.mezo(params, lr=sched, **common)

@@ -5,26 +5,20 @@ Expected (tiny, 2 CPU cores, about a minute per seed): MeZO's projected gradient
 (float64); the HT mean over 20k keys is within ~3% of grad f; pi ~ sqrt(F) beats uniform and pi ~ F by > 10%
 in Prop. 3.3's setting; CurvZO (ht=False) ends the block-sparse race well below MeZO.
 
-Tiny / small (`config.task.kind = "quadratic"`): a sequence of stages driven by `jaxlab.train.run_loop`
-(resumable, one checkpoint per stage): "exact", "unbiased", "variance", one "race/<method>" stage per
-optimizer (lr grid on a validation instance, final loss on the test instance) and, in `small`, one
-"digits/<method>" stage per optimizer. Full (`"lm"`): ZO fine-tuning of a decoder LM on a TFDS task
-(`experiments/curvzo/lm_task.py`).
+Tiny / small (`config.task.kind = "quadratic"`): stages run by `jaxlab.train.run_stages` (resumable, each
+stage recorded and checkpointed once): "exact", "unbiased", "variance", one "race/<method>" stage per optimizer
+(lr grid on a validation instance, final loss on the test instance; its f / f0 curve is saved with the stage,
+`race_curves`) and, in `small`, one "digits/<method>" stage per optimizer. Full (`"lm"`): ZO fine-tuning of a
+decoder LM on a TFDS task, a `jaxlab.train.run_loop` (`experiments/curvzo/lm_task.py`).
 """
 
 from __future__ import annotations
 
-import json
-import os
+import functools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab import configs, metrics
-from jaxlab import mesh as mesh_lib
-from jaxlab.train import run_loop
+from jaxlab.train import run_stages, stage_arrays, union
 
 from . import config as config_lib  # noqa: E402  (relative: works for installed and path-loaded experiments)
 from . import method
@@ -32,76 +26,83 @@ from . import method
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs the variant; returns the summary (the claim keys for tiny, see config.CLAIMS)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
   if config.task.kind == "lm":
     from . import lm_task  # pylint: disable=g-import-not-at-top
     return lm_task.train_and_evaluate(config, workdir)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  names = config_lib.stages(config)
-  m = config.method
-  repl = NamedSharding(mesh, P())
-  state = {"stages_done": jax.device_put(jnp.zeros((), jnp.int32), repl)}
-  shardings = {"stages_done": repl}
   r = config.race
   instances = (method.block_sparse_instance(10_000 + config.seed, r.d, r.blocks, r.relevant),   # validation
                method.block_sparse_instance(config.seed, r.d, r.blocks, r.relevant))            # test
-
-  def step_fn(state, stage):
-    name = names[stage]
-    if name == "exact":
-      out = method.exactness(config.seed, config.exact.d, config.exact.n_keys, m.eps)
-    elif name == "unbiased":
-      u = config.unbiased
-      out = method.ht_unbiasedness(config.seed, u.d, u.blocks, u.n_keys, u.density, u.pmin, m.eps, mesh)
-    elif name == "variance":
-      v = config.variance
-      out = method.variance_study(config.seed, v.d, v.blocks, v.n_keys, v.density, v.sigma, v.chunk, mesh)
-    elif name.startswith("race/"):
-      opt = name.split("/")[1]
-      res = method.race(opt, m, config.seed, instances, tuple(r.lrs), r.steps, r.log_every, r.repeats,
-                        r.val_repeats, mesh)
-      _write_curve(workdir, name, res["curve"], r.log_every)
-      out = {f"{name}/final": res["test_final"], f"{name}/final_std": res["test_std"], f"{name}/val": res["val_final"],
-             f"{name}/lr": res["lr"]}
+  fns = {"exact": exact_stage, "unbiased": unbiased_stage, "variance": variance_stage}
+  stages = {}
+  for name in config_lib.stages(config):
+    kind, _, opt = name.partition("/")
+    if kind == "race":
+      stages[name] = functools.partial(race_stage, opt=opt, instances=instances)
+    elif kind == "digits":
+      stages[name] = functools.partial(digits_stage, opt=opt)
     else:
-      from . import digits  # pylint: disable=g-import-not-at-top
-      opt = name.split("/")[1]
-      res = digits.finetune(opt, config, mesh)
-      out = {f"{name}/{k}": v for k, v in res.items()}
-    return {"stages_done": state["stages_done"] + 1}, {"stage": stage, **out}
-
-  run_loop(config, workdir, state, shardings, step_fn, lambda s: s)
-  summary = summarise(metrics.read_metrics(workdir))
-  if "race/curvzo/final" in summary and "race/mezo/final" in summary:
-    summary["race/curvzo_over_mezo"] = summary["race/curvzo/final"] / summary["race/mezo/final"]
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+      stages[name] = fns[kind]
+  return run_stages(config, workdir, stages, summarise=summarise)
 
 
-def summarise(rows) -> dict:
-  """The stage rows merged into one dict (the claim keys)."""
-  out = {}
-  for row in rows:
-    out.update({k: v for k, v in row.items() if k not in ("step", "stage", "train/steps_per_sec")})
+def exact_stage(ctx) -> dict:
+  c = ctx.config
+  return method.exactness(c.seed, c.exact.d, c.exact.n_keys, c.method.eps)
+
+
+def unbiased_stage(ctx) -> dict:
+  c, u = ctx.config, ctx.config.unbiased
+  return method.ht_unbiasedness(c.seed, u.d, u.blocks, u.n_keys, u.density, u.pmin, c.method.eps, ctx.mesh)
+
+
+def variance_stage(ctx) -> dict:
+  c, v = ctx.config, ctx.config.variance
+  return method.variance_study(c.seed, v.d, v.blocks, v.n_keys, v.density, v.sigma, v.chunk, ctx.mesh)
+
+
+def race_stage(ctx, opt: str, instances) -> dict:
+  """One optimizer's race: the claim keys `race/<opt>/{final, final_std, val, lr}` and its test curve."""
+  c, r = ctx.config, ctx.config.race
+  res = method.race(opt, c.method, c.seed, instances, tuple(r.lrs), r.steps, r.log_every, r.repeats,
+                    r.val_repeats, ctx.mesh)
+  name = ctx.name
+  return {f"{name}/final": res["test_final"], f"{name}/final_std": res["test_std"], f"{name}/val": res["val_final"],
+          f"{name}/lr": res["lr"],
+          # arrays: saved with the stage (workdir/stages/<i>_race_<opt>.npz), read back by `race_curves`
+          "forward_passes": np.array([2 * r.log_every * (i + 1) for i in range(len(res["curve"]))], np.int64),
+          "loss_ratio": np.array(res["curve"], np.float64)}
+
+
+def digits_stage(ctx, opt: str) -> dict:
+  from . import digits  # pylint: disable=g-import-not-at-top
+  res = digits.finetune(opt, ctx.config, ctx.mesh)
+  return {f"{ctx.name}/{k}": v for k, v in res.items()}
+
+
+def summarise(results) -> dict:
+  """The stages' scalar results merged into one dict (the claim keys) plus the CurvZO / MeZO race ratio."""
+  out = union(results)
+  if "race/curvzo/final" in out and "race/mezo/final" in out:
+    out["race/curvzo_over_mezo"] = out["race/curvzo/final"] / out["race/mezo/final"]
   return out
 
 
-def _write_curve(workdir: str, name: str, curve, log_every: int) -> None:
-  if metrics.is_main_process():
-    path = os.path.join(workdir, "curves.json")
-    data = json.load(open(path)) if os.path.exists(path) else {}
-    data[name] = {"forward_passes": [2 * log_every * (i + 1) for i in range(len(curve))], "loss_ratio": curve}
-    with open(path, "w") as f:
-      json.dump(data, f)
+def race_curves(workdir: str, stages: list[str]) -> dict:
+  """{"race/<opt>": {"forward_passes", "loss_ratio"}} of a finished run (`stages`: its summary's "stages")."""
+  out = {}
+  for i, name in enumerate(stages):
+    if name.startswith("race/"):
+      arrays = stage_arrays(workdir, i, name)
+      if arrays:
+        out[name] = {"forward_passes": arrays["forward_passes"], "loss_ratio": arrays["loss_ratio"]}
+  return out
 
 
 def plot(runs, workdirs, out_dir):
   """Race curves (f / f0 vs forward passes, mean over seeds) and the variance study."""
   from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-  curves = [json.load(open(os.path.join(w, "curves.json"))) for w in workdirs
-            if os.path.exists(os.path.join(w, "curves.json"))]
+  curves = [race_curves(w, r.get("stages", [])) for r, w in zip(runs, workdirs)]
   colors = {"mezo": "tab:red", "sparse": "tab:orange", "curvzo": "tab:blue", "curvzo_ht": "tab:purple"}
   for opt, color in colors.items():
     key = f"race/{opt}"

@@ -5,7 +5,7 @@ The model and the auxiliary losses live in `jaxlab.nn.multiscale` (reusable); th
 * `make_data(config)`: train source (random-access windows) + evaluation arrays at every eval length,
   z-scored with the training split's statistics (forecasting) or pixel sequences in Hilbert order (images).
 * `loss_fn`: L = L_task + lambda_rec L_rec + lambda_cons L_cons (task: MSE, or cross-entropy for images).
-* `zoh_check(config)`: the closed-form Delta-scaling identity of the spec: for an LTI SSM with exact ZOH,
+* `zoh_check(config)`: the closed-form Delta-scaling identity: for an LTI SSM with exact ZOH,
   A_bar = exp(Delta A), B_bar = (Delta A)^-1 (exp(Delta A) - 1) B, r steps at Delta on an input constant
   over each window of r equal one step at r Delta; with Mamba's Euler rule (B_bar = Delta B, what the
   selective scan computes) the identity is approximate, error <= r Delta |A|_max / 2 + 1e-3 (relative).
@@ -96,6 +96,8 @@ def make_data(c) -> Data:
   if d.name == "co2":
     values, names = timeseries.co2_series(), ["co2"]
   else:
+    if not d.path:
+      raise ConfigError("config.data.name='csv' needs --config.data.path=FILE.csv (e.g. ETTh1.csv, weather.csv)")
     values, names = timeseries.read_csv(d.path, tuple(d.columns) or None)
   borders = timeseries.split_borders(d.path or d.name, len(values), max(d.eval_lookbacks))
   (a0, a1), (t0, t1) = borders["train"], borders["test"]

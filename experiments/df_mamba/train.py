@@ -6,10 +6,12 @@ lookback 128, DF-Mamba evaluated zero-shot at 512 (two extra levels, no new para
 than at 128, better than the ablation at 512 and better than flat Mamba given the 512 context (see README
 for the measured numbers).
 
-All models see the same batches (one `run_loop`, one checkpoint holding every model's TrainState, so an
-interrupted run resumes exactly). Evaluation computes each model's test loss at every eval length
-(forecasting: MSE at lookback 128 and 512; images: accuracy at 8x8 and 16x16) and the cross-scale
-consistency loss of the trained model with its trained vs. an untrained coarse-graining.
+All models see the same batches (one `run_loop` over `config.train`, one checkpoint holding every model's
+TrainState, so an interrupted run resumes exactly); the run works inside the config's mesh
+(`jaxlab.mesh.use_config`), and summary.json is written once, with the claim keys added (`summarise`).
+Evaluation computes each model's test loss at every eval length (forecasting: MSE at lookback 128 and 512;
+images: accuracy at 8x8 and 16x16) and the cross-scale consistency loss of the trained model with its
+trained vs. an untrained coarse-graining.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab import checkpoint, configs, metrics
+from jaxlab import checkpoint, configs
 from jaxlab import mesh as mesh_lib
 from jaxlab.data import pipeline
 from jaxlab.nn import multiscale
@@ -67,46 +69,54 @@ def _eval_fn(config, data, modeldef, max_levels=None):
 
 
 def _build(config, data):
-  """(mesh, optimizer, schedule, {name: ModelDef}, {name: TrainState}, {name: shardings}) for every model."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
-  tx, schedule = optim.make_optimizer(config.optimizer, config.num_steps)
+  """(optimizer, schedule, {name: ModelDef}, {name: TrainState}, {name: shardings}) for every model, on the
+  mesh in context (`jaxlab.mesh.use_config(config)`)."""
+  mesh = mesh_lib.current_mesh()
+  tx, schedule = optim.make_optimizer(config.train.optimizer, config.train.num_steps)
   defs, states, shardings = {}, {}, {}
   for name in config.model.models:
     defs[name] = ModelDef(functools.partial(method.make_model, config, name, data))
-    states[name], shardings[name] = create_train_state(defs[name], tx, mesh, config.sharding_rules, config.seed)
-  return mesh, tx, schedule, defs, states, shardings
+    states[name], shardings[name] = create_train_state(defs[name], tx, mesh, mesh_lib.current_rules(), config.seed)
+  return tx, schedule, defs, states, shardings
 
 
 def load_models(config, workdir: str, data=None) -> dict:
   """The trained models of a run: {name: nnx.Module} from the newest checkpoint in `workdir`."""
   data = data or method.make_data(config)
-  _, _, _, defs, states, shardings = _build(config, data)
-  ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
-  step = ckpt.latest_step()
-  if step is None:
-    raise CheckpointError(f"{workdir} has no checkpoint; train first (python -m jaxlab.main ... --workdir DIR)")
-  items, _ = ckpt.restore(step, abstract_with_shardings(shardings, states))
-  ckpt.close()
-  states = checkpoint.from_items(items, states)
-  return {name: defs[name].merge(states[name].params, states[name].model_state) for name in defs}
+  configs.check_devices(config, jax.device_count())
+  with mesh_lib.use_config(config):
+    _, _, defs, states, shardings = _build(config, data)
+    ckpt = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False)
+    step = ckpt.latest_step()
+    if step is None:
+      ckpt.close()
+      raise CheckpointError(f"{workdir} has no checkpoint; train first (python -m jaxlab.main ... --workdir DIR)")
+    items, _ = ckpt.restore(step, abstract_with_shardings(shardings, states))
+    ckpt.close()
+    states = checkpoint.from_items(items, states)
+    return {name: defs[name].merge(states[name].params, states[name].model_state) for name in defs}
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains every model in config.model.models and returns the summary (see `summarise`)."""
-  config_lib.validate(config)
+  configs.check_devices(config, jax.device_count())
   data = method.make_data(config)
-  mesh, tx, schedule, defs, states, shardings = _build(config, data)
-  bsh = mesh_lib.batch_sharding(mesh, config.sharding_rules)
+  with mesh_lib.use_config(config):
+    return _train(config, workdir, data)
+
+
+def _train(config, workdir: str, data) -> dict:
+  t = config.train
+  tx, schedule, defs, states, shardings = _build(config, data)
+  bsh = mesh_lib.batch_sharding()
   loss_fn = method.make_loss_fn(config, data)
   names = tuple(config.model.models)
   steps = {name: make_train_step(defs[name], loss_fn, tx, schedule, shardings[name], bsh) for name in names}
-  batcher = pipeline.Batcher(data.train, config.batch_size, seed=config.seed)
-  rows = pipeline.process_rows(bsh, config.batch_size)
+  batcher = pipeline.Batcher(data.train, t.batch_size, seed=config.seed)
+  rows = pipeline.process_rows(bsh, t.batch_size)
 
   def get_batch(step):
-    return pipeline.to_global(batcher.local_batch(step, rows), bsh, config.batch_size)
+    return pipeline.to_global(batcher.local_batch(step, rows), bsh, t.batch_size)
 
   def step_fn(state, batch):
     new, out = {}, {}
@@ -120,7 +130,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   k_train = multiscale.num_levels(train_len, config.model.ratio, config.model.min_len)
   train_label = str(config.data.image_size if data.classification else config.data.lookback)
   capped = {name: _eval_fn(config, data, defs[name], k_train) for name in names if name != "flat"}
-  eval_bs = config.eval_batch_size or 256
+  eval_bs = t.eval_batch_size or 256
 
   def run_eval(fn, st, arrays):
     """Sums of (task loss, correct, cons, cons with untrained phi) over the eval set: one host sync."""
@@ -153,9 +163,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
               for name in names}
   extra = {**n_params, **method.zoh_check(config, jax.random.key(config.seed)), **data.info}
   _, summary = run_loop(config, workdir, states, shardings, step_fn, get_batch, evaluate=evaluate,
-                        extra_summary=extra)
-  summary = summarise(summary)
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+                        extra_summary=extra, summarise=lambda state, summary: summarise(summary))
   return summary
 
 

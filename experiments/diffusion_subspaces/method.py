@@ -22,8 +22,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
+from jaxlab import mesh as mesh_lib
 from jaxlab.diffusion import data as data_lib
 from jaxlab.diffusion import dsm, metrics, ou, samplers
 from jaxlab.diffusion.score import EmpiricalScore, score_from_denoiser
@@ -59,30 +59,32 @@ def _kde_builder(chunk: int, batch_chunk: int):
   return lambda train: EmpiricalScore(train, chunk=chunk, batch_chunk=batch_chunk)
 
 
-def generate(config, params, build, x_bd, key, mesh=None) -> np.ndarray:
+def generate(config, params, build, x_bd, key) -> np.ndarray:
   """Runs the configured reverse sampler from x_bd with the score model build(params).
 
-  The generated batch is split over the mesh's "data" axis when its size divides n (rows are independent).
+  The generated batch is split over the data axes of the mesh in context (`jaxlab.mesh.current_mesh()`, logical
+  axis "batch") when their size divides n (rows are independent); the score's parameters are replicated.
 
   Returns:
     (n, D) float32 numpy samples.
   """
-  if mesh is not None and x_bd.shape[0] % mesh.shape["data"] == 0:
-    x_bd = jax.device_put(x_bd, NamedSharding(mesh, P("data", None)))
-    params = jax.device_put(params, NamedSharding(mesh, P()))
+  mesh = mesh_lib.current_mesh()
+  if mesh is not None and x_bd.shape[0] % mesh_lib.data_split(mesh) == 0:
+    x_bd = jax.device_put(x_bd, mesh_lib.batch_sharding(mesh))
+    params = jax.device_put(params, mesh_lib.replicated(mesh))
   mc = config.method
   out = _sample(params, x_bd, key, build=build, sampler=mc.sampler, steps=int(mc.steps), t_max=float(mc.t_max),
                 t_min=float(mc.t_min), final_denoise=bool(mc.final_denoise))
   return np.asarray(jax.device_get(out))
 
 
-def generate_kde(config, st: dict, mesh=None) -> np.ndarray:
+def generate_kde(config, st: dict) -> np.ndarray:
   """Samples n points with the closed-form empirical (KDE) score of the stage's training set."""
   build = _kde_builder(int(config.method.chunk), int(config.method.batch_chunk))
-  return generate(config, st["train"], build, st["x_T"], st["sampler_key"], mesh)
+  return generate(config, st["train"], build, st["x_T"], st["sampler_key"])
 
 
-def generate_dsm(config, st: dict, mesh=None) -> tuple[np.ndarray, float]:
+def generate_dsm(config, st: dict) -> tuple[np.ndarray, float]:
   """Trains the DSM score network on the stage's training set and samples n points with it.
 
   Returns:
@@ -93,7 +95,7 @@ def generate_dsm(config, st: dict, mesh=None) -> tuple[np.ndarray, float]:
                                 steps=int(lc.steps), batch=int(lc.batch), learning_rate=float(lc.learning_rate),
                                 t_min=float(config.method.t_min), t_max=float(config.method.t_max))
   build = _dsm_builder(model.graphdef)
-  return generate(config, model.state, build, st["x_T"], st["sampler_key"], mesh), float(np.mean(losses[-100:]))
+  return generate(config, model.state, build, st["x_T"], st["sampler_key"]), float(np.mean(losses[-100:]))
 
 
 @functools.lru_cache(maxsize=16)

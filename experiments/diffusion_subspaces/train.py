@@ -5,25 +5,24 @@ Expected (tiny, 2 CPU cores, ~20 s per seed): the log-log slope of W1(generated,
 for k = 3 whether D = 32 (M = 3 subspaces) or D = 3, about -1/8 for full-rank D = 8; generated W1 stays within
 ~1.2x of the training set's own W1, and the samples lie on the union with balanced modes.
 
-The run is one stage per (score, setting, n), driven by `jaxlab.train.run_loop` (resumable, one checkpoint per
-stage): draw the stage's data (method.stage_data), sample n points by the reverse process with the score
-(closed-form KDE score, or a DSM-trained MLP when learned.enabled), measure (method.stage_metrics) and log one
-row. The summary fits the log-log slopes (scipy linregress, 95% interval) per score and setting.
+The run is `jaxlab.train.run_stages` with one stage per (score, setting, n), named like "kde/D32_k3_M3@128"
+(scores, then settings, then ns; resumable, one checkpoint per stage): draw the stage's data
+(method.stage_data), sample n points by the reverse process with the score (closed-form KDE score, or a
+DSM-trained MLP when learned.enabled), measure (method.stage_metrics) and return them as the stage's results
+(one metrics.jsonl row each). The summary, written once at the end, fits the log-log slopes (scipy
+linregress, 95% interval) per score and setting from the stages' results.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab import configs, metrics
-from jaxlab import mesh as mesh_lib
+from jaxlab import metrics
 from jaxlab.diffusion import metrics as dmetrics
-from jaxlab.train import run_loop
+from jaxlab.train import run_stages
 
 from . import config as config_lib  # noqa: E402  (relative: works for installed and path-loaded experiments)
 from . import method
@@ -33,34 +32,30 @@ FIELDS = ("w1_gen", "w1_train", "sw1_gen", "sw1_train", "union_dist", "freq_dev"
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs the stages and returns the summary (slope/<score>/<setting>, w1_ratio_max/<score>, union_dist/...)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
   plan = config_lib.stages(config)
-  repl = NamedSharding(mesh, P())
-  state = {"stage": jax.device_put(jnp.zeros((), jnp.int32), repl)}
+  stages = {config_lib.stage_name(config, p): functools.partial(run_stage, plan=p) for p in plan}
+  return run_stages(config, workdir, stages,
+                    summarise=lambda results: summarise([results[name] for name in stages], config))
 
-  def step_fn(state, stage):
-    score, si, nj = plan[stage]
-    st = method.stage_data(config, si, nj)
-    row = {"n": float(st["n"])}
-    if score == "kde":
-      gen = method.generate_kde(config, st, mesh)
-    else:
-      gen, loss = method.generate_dsm(config, st, mesh)
-      row["dsm/loss"] = loss
-    name = config_lib.setting_name(config.data.settings[si])
-    row.update({f"{score}/{name}/{k}": v for k, v in method.stage_metrics(config, st, gen).items()})
-    return {"stage": state["stage"] + 1}, row
 
-  run_loop(config, workdir, state, {"stage": repl}, step_fn, lambda s: s)
-  summary = summarise(metrics.read_metrics(workdir), config)
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+def run_stage(ctx, plan: tuple[str, int, int]) -> dict:
+  """One (score, setting, n): sample n points with the score and measure them (keys <score>/<setting>/<field>)."""
+  config = ctx.config
+  score, si, nj = plan
+  st = method.stage_data(config, si, nj)
+  row = {"n": float(st["n"])}
+  if score == "kde":
+    gen = method.generate_kde(config, st)
+  else:
+    gen, loss = method.generate_dsm(config, st)
+    row["dsm/loss"] = loss
+  name = config_lib.setting_name(config.data.settings[si])
+  row.update({f"{score}/{name}/{k}": v for k, v in method.stage_metrics(config, st, gen).items()})
+  return row
 
 
 def curves(rows, score: str, name: str) -> dict[str, np.ndarray]:
-  """{"n": (len(ns),), field: (len(ns),)} for one score and setting, from the metrics rows."""
+  """{"n": (len(ns),), field: (len(ns),)} for one score and setting, from the stage results (or metrics rows)."""
   pts = sorted((r["n"], r) for r in rows if f"{score}/{name}/w1_gen" in r)
   out = {"n": np.array([p[0] for p in pts])}
   for f in FIELDS:
@@ -69,7 +64,7 @@ def curves(rows, score: str, name: str) -> dict[str, np.ndarray]:
 
 
 def summarise(rows, config) -> dict:
-  """Slopes with 95% intervals, worst W1 ratio, union closeness at the largest n, per score and setting."""
+  """From the stages' results (or metrics rows), in stage order: slopes with 95% intervals, worst W1 ratio, union closeness at the largest n, per score and setting."""
   out = {}
   scores = sorted({s for s, _, _ in config_lib.stages(config)})
   for score in scores:

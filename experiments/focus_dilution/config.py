@@ -18,6 +18,15 @@ SEEDS = (0, 1, 2)
 SOURCES = ("markov", "pydoc", "file", "wikitext")
 
 
+RESULTS = dict(  # this experiment's row of the README results table (values from claims.json)
+    experiment="`focus_dilution` (Focus and Dilution, arXiv 2605.01199; model and metrics reconstructed)",
+    claim=("one-layer attention-only Transformer, small init, full-batch GD on Zipf-Markov data: W_E rank-one "
+           "share >= 0.9 with QK^T <= 2x its init; leading singular pair aligned with the closed form (\\|cos\\| "
+           ">= 0.9); focus peak >= 1.3 then >= 50% dilution; rank >= 2 and a second focus peak; the "
+           "standard-init control fails to condense"),
+    note="condensation reproduces, the focus-dilution cycles do not on every seed (README)",
+)
+
 CLAIMS = [
     claims.Claim("condense", "S1: top-1 share of W_E at the condensation point (min over seeds), attention frozen",
                  claims.minimum("cond/share_E"), ">=", 0.9),
@@ -52,34 +61,41 @@ def get_config(arg=None):
   c.model = ml_collections.ConfigDict(dict(d=16, init_std=1e-2, init_gamma=0.0, value_identity=True,
                                            last_only=False))
   # method.optimizer: gd (full-batch gradient descent ~ gradient flow, the mechanistic run) | adam (robustness).
+  # method.steps GD steps in all, run and logged in chunks of method.chunk (one run_loop step per chunk; tiny:
+  # 24k GD steps = 120 chunks of 200). Every step sees the full batch (the data.n_seq sequences).
   c.method = ml_collections.ConfigDict(dict(
-      optimizer="gd", lr=0.5, chunk=200, control=True, control_std=0.0, rank_rel=0.1, frozen_ratio=2.0,
-      reversal=0.05, min_peak_excess=0.1))
-  c.batch_size = 256  # full batch: equals data.n_seq
-  c.num_steps = 120   # logged chunks of method.chunk GD steps each (tiny: 24k GD steps)
-  c.log_every = 1
-  c.checkpoint_every = 25
+      optimizer="gd", lr=0.5, steps=24000, chunk=200, control=True, control_std=0.0, rank_rel=0.1,
+      frozen_ratio=2.0, reversal=0.05, min_peak_excess=0.1))
+  # The chunk loop's cadence (in chunks); no batch_size (full batch), no num_steps (method.steps // chunk), no
+  # optimizer section (method.optimizer / method.lr).
+  c.train = configs.train_config(optimizer=None, batch_size=None, eval_batch_size=None, num_steps=None,
+                                 eval_every=None, init_from=None, log_every=1, checkpoint_every=25)
   c.tensorboard = False
   if arg.variant == "small":
     c.model.d = 32
     c.data.length = 24
-    c.data.n_seq = c.batch_size = 1024
-    c.num_steps = 300
+    c.data.n_seq = 1024
+    c.method.steps = 60000
   elif arg.variant == "full":
     c.data.source = "wikitext"
     c.data.vocab = 4096
     c.data.length = 128
-    c.data.n_seq = c.batch_size = 4096
+    c.data.n_seq = 4096
     c.model.d = 256
     c.model.init_gamma = 1.0
     c.method.lr = 0.1
     c.method.chunk = 500
-    c.num_steps = 100
-  return configs.finalize(c)
+    c.method.steps = 50000
+  return configs.finalize(c, validate)
+
+
+def num_chunks(c) -> int:
+  """The run_loop's step count: method.steps GD steps in chunks of method.chunk."""
+  return c.method.steps // c.method.chunk
 
 
 def validate(c):
-  """Experiment-specific checks (called by train_and_evaluate)."""
+  """Experiment-specific checks (run once by `configs.finalize`, and again by `configs.apply_overrides`)."""
   from jaxlab.errors import ConfigError
   if c.data.source not in SOURCES:
     raise ConfigError(f"config.data.source={c.data.source!r}: use one of {SOURCES}")
@@ -91,15 +107,16 @@ def validate(c):
     raise ConfigError(f"config.data.alpha={c.data.alpha} must be in [0, 1]")
   if not 1 <= c.data.top_k < c.data.vocab:
     raise ConfigError(f"config.data.top_k={c.data.top_k} must be in [1, vocab)")
-  if c.batch_size != c.data.n_seq:
-    raise ConfigError(f"config.batch_size={c.batch_size} must equal config.data.n_seq={c.data.n_seq} "
-                      "(full-batch gradient descent)")
   if c.model.d < 1 or (c.model.init_std <= 0 and c.model.init_gamma <= 0):
     raise ConfigError("config.model needs d >= 1 and init_std > 0 (or init_gamma > 0)")
   if c.method.optimizer not in ("gd", "adam"):
     raise ConfigError(f"config.method.optimizer={c.method.optimizer!r}: use gd or adam")
   if not c.method.lr > 0 or c.method.chunk < 1:
     raise ConfigError("config.method needs lr > 0 and chunk >= 1")
+  if c.method.steps < c.method.chunk or c.method.steps % c.method.chunk:
+    raise ConfigError(f"config.method.steps={c.method.steps} must be a positive multiple of config.method.chunk="
+                      f"{c.method.chunk} (the GD steps are run and logged in chunks); e.g. "
+                      f"--config.method.steps={max(1, round(c.method.steps / c.method.chunk)) * c.method.chunk}")
   if not c.method.reversal > 0 or not c.method.frozen_ratio > 1 or not 0 < c.method.rank_rel < 1:
     raise ConfigError("config.method needs reversal > 0, frozen_ratio > 1 and rank_rel in (0, 1)")
 

@@ -6,11 +6,12 @@ the leading singular pair of Phi = W_E W_P aligned with (pi, pi - 1/V); attentio
 most frequent tokens (focus index > 1.3) and the focus dilutes while the loss keeps falling. See README for what
 reproduced and what did not.
 
-The run is `jaxlab.train.run_loop` over chunks (one "step" = `method.chunk` GD steps + instrumentation), so it
-is resumable at chunk granularity. The token set is sharded over the "data" mesh axis (the loss is a mean over
-sequences, so the sharded gradient equals the single-device one); parameters are replicated. After training, a
+The run is `jaxlab.train.run_loop` over chunks (one loop step = `method.chunk` GD steps + instrumentation,
+`method.steps // method.chunk` of them), so it is resumable at chunk granularity. The token set is sharded over
+the "data" mesh axis (the loss is a mean over sequences, so the sharded gradient equals the single-device one);
+parameters are replicated. When the loop ends (`summarise`), the stage detector reads the logged rows, a
 standard-initialisation control (std = 1/sqrt(d)) is run for the same number of GD steps as the detected
-condensation point, and the stage detector writes the stages into summary.json.
+condensation point, and summary.json is written once with both.
 """
 
 from __future__ import annotations
@@ -36,29 +37,35 @@ from . import method
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains, detects the stages, runs the control; returns the summary (cond/*, cycle1/*, cycle2/*, control/*)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
-  data_axis = dict(mesh.shape).get("data", 1)
-  if config.data.n_seq % data_axis:
-    raise ConfigError(f"config.data.n_seq={config.data.n_seq} must be divisible by the data mesh axis ({data_axis})")
-  tokens_np, pi = method.load_tokens(config, config.seed)
-  top = method.top_tokens(tokens_np, config.data.vocab, config.data.top_k)
-  repl = NamedSharding(mesh, P())
-  tokens = jax.device_put(jnp.asarray(tokens_np), NamedSharding(mesh, P("data")))
-  std = ao.init_std(config.model.d, config.model.init_std, config.model.init_gamma)
-  key = jax.random.key(config.seed)
-  state = jax.jit(lambda k: method.init_state(config, k, std), out_shardings=repl)(key)
-  shardings = jax.tree.map(lambda _: repl, state)
-  chunk = jax.jit(method.make_chunk_step(config, top, pi), in_shardings=(shardings, tokens.sharding),
-                  out_shardings=(shardings, repl), donate_argnums=0)
-  run_loop(config, workdir, state, shardings, chunk, lambda step: tokens)
-  rows = metrics.read_metrics(workdir)
-  summary = method.summarise(rows, config)
-  summary.update(top_tokens=[int(t) for t in top], init_std=std, gd_steps=config.num_steps * config.method.chunk)
-  if config.method.control and "cond/gd_steps" in summary:
-    summary.update(control(config, tokens, top, summary["cond/gd_steps"]))
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+  configs.check_devices(config, jax.device_count())
+  with mesh_lib.use_config(config) as mesh:
+    data_axis = dict(mesh.shape).get("data", 1)
+    if config.data.n_seq % data_axis:
+      raise ConfigError(f"config.data.n_seq={config.data.n_seq} must be divisible by the data mesh axis "
+                        f"({data_axis})")
+    tokens_np, pi = method.load_tokens(config, config.seed)
+    top = method.top_tokens(tokens_np, config.data.vocab, config.data.top_k)
+    repl = NamedSharding(mesh, P())
+    tokens = jax.device_put(jnp.asarray(tokens_np), NamedSharding(mesh, P("data")))
+    std = ao.init_std(config.model.d, config.model.init_std, config.model.init_gamma)
+    key = jax.random.key(config.seed)
+    state = jax.jit(lambda k: method.init_state(config, k, std), out_shardings=repl)(key)
+    shardings = jax.tree.map(lambda _: repl, state)
+    chunk = jax.jit(method.make_chunk_step(config, top, pi), in_shardings=(shardings, tokens.sharding),
+                    out_shardings=(shardings, repl), donate_argnums=0)
+
+    def summarise(state, loop_summary):
+      """The claim keys from the logged rows (stage detector) and the control; the loop's own keys dropped."""
+      del state
+      summary = method.summarise(metrics.read_metrics(workdir), config)
+      summary.update(top_tokens=[int(t) for t in top], init_std=std, gd_steps=config.method.steps)
+      if config.method.control and "cond/gd_steps" in summary:
+        summary.update(control(config, tokens, top, summary["cond/gd_steps"]))
+      summary.update(wall_s=loop_summary["wall_s"], resumes=loop_summary["resumes"])
+      return summary
+
+    _, summary = run_loop(config, workdir, state, shardings, chunk, lambda step: tokens,
+                          num_steps=config_lib.num_chunks(config), summarise=summarise)
   return summary
 
 

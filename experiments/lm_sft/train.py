@@ -7,15 +7,12 @@ additions (train and eval problems are disjoint).
 
 from __future__ import annotations
 
-import os
-
-import jax
 import numpy as np
 
-from jaxlab import checkpoint, configs, metrics
+from jaxlab import checkpoint
 from jaxlab.data import ArraySource
 from jaxlab.errors import ConfigError
-from jaxlab.lm import generate, hf, lora, sft
+from jaxlab.lm import generate, hf, lora, sft, sft_data, tasks
 from jaxlab.lm.model import Transformer, TransformerConfig
 from jaxlab.lm.tokenizer import load_tokenizer
 from jaxlab.state import ModelDef
@@ -30,12 +27,12 @@ def tokenizer_for(config):
 
 
 def examples(config):
-  """(train, eval) lists of sft.Example."""
+  """(train, eval) lists of sft_data.Example."""
   d = config.data
   if d.source == "addition":
-    return sft.addition_split(d.n_train, d.n_eval, min_digits=d.min_digits, max_digits=d.max_digits,
+    return tasks.addition_split(d.n_train, d.n_eval, min_digits=d.min_digits, max_digits=d.max_digits,
                               seed=config.seed, reverse_answer=d.reverse_answer, pad_operands=d.pad_operands)
-  data = sft.read_jsonl(d.path)
+  data = sft_data.read_jsonl(d.path)
   if len(data) < 2:
     raise ConfigError(f"config.data.path={d.path!r} holds {len(data)} example(s); need at least 2")
   rng = np.random.default_rng(config.seed)
@@ -76,32 +73,33 @@ def load_trained(config, workdir: str):
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
-  """Builds data, model (optionally from a HF checkpoint, optionally LoRA), trains, scores generations."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
+  """Builds data, model (optionally from a HF checkpoint, optionally LoRA), trains, scores generations.
+
+  The summary is fit's (train metrics of the last logging window, token-weighted; eval/* teacher-forced over
+  the held-out rows) plus the greedy-generation score and the number of training rows.
+  """
+  config_lib.check_inputs(config)
   tok = tokenizer_for(config)
   train_ex, eval_ex = examples(config)
   d = config.data
-  build = sft.build_packed if d.packed else sft.build_padded
+  build = sft_data.build_packed if d.packed else sft_data.build_padded
   train = build(train_ex, tok, d.seq_len, truncation=d.truncation)
-  evals = sft.build_padded(eval_ex, tok, d.seq_len, truncation=d.truncation)
+  evals = sft_data.build_padded(eval_ex, tok, d.seq_len, truncation=d.truncation)
   mcfg = model_config(config, tok)
   m = config.model
   model_fn = build_model_fn(config, mcfg)
   initial = None
   if m.hf_path:
-    if m.lora_rank:
-      raise ConfigError("LoRA on a pretrained checkpoint: load it with model.hf_path and lora_rank=0 first "
-                        "(adapters on imported weights are not wired yet)")
     initial = hf.load_hf_params(m.hf_path, mcfg)
+  def summarise(state, summary):   # runs inside fit's mesh context: the sampler shards its batch over it
+    model = ModelDef(model_fn).merge(state.params, state.model_state)
+    model.eval()
+    return {**summary, **generation_eval(config, model, tok, eval_ex), "num_train_rows": int(train["inputs"].shape[0])}
+
   result = fit(config, workdir, model_fn=model_fn, loss_fn=sft.make_loss_fn(), train_source=ArraySource(train),
                eval_fn=sft.make_eval_fn(), eval_source=ArraySource(evals),
-               wrap_optimizer=lora.freeze_base if m.lora_rank else None, initial_params=initial)
-  summary = dict(result.summary)
-  summary.update(generation_eval(config, result.model(), tok, eval_ex))
-  summary["num_train_rows"] = int(train["inputs"].shape[0])
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+               wrap_optimizer=lora.freeze_base if m.lora_rank else None, initial_params=initial, summarise=summarise)
+  return result.summary
 
 
 def generation_eval(config, model, tok, eval_ex) -> dict:
@@ -111,10 +109,10 @@ def generation_eval(config, model, tok, eval_ex) -> dict:
   hits = 0
   for start in range(0, len(exs), g.batch):
     batch = exs[start:start + g.batch]
-    prompts = [sft.prompt_ids(e, tok) for e in batch]
+    prompts = [sft_data.prompt_ids(e, tok) for e in batch]
     out = generate(model, prompts, g.max_new_tokens, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
     toks, lens = np.asarray(out.tokens), np.asarray(out.lengths)
     for e, row, n in zip(batch, toks, lens):
       ids = [int(t) for t in row[:n] if int(t) != tok.eos_id]
-      hits += tok.decode(ids) == sft.as_example(e).completion
+      hits += tok.decode(ids) == sft_data.as_example(e).completion
   return {"eval/gen_exact_match": hits / max(len(exs), 1), "eval/gen_examples": len(exs)}

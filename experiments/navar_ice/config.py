@@ -13,6 +13,8 @@ Config argument: `variant=tiny|small|full,seed=S,data=NAME` with data presets
   vdem: csv preset for a user-supplied V-Dem country-year CSV (unit_column=country_name, per-unit lags 1-3);
   dream3: NAVAR's DREAM3 .tsv (46 trajectories x 21 steps, split_length=21, lags 2; truth from *_gt.txt);
   causeme: a CauseMe nonlinear-VAR / river-runoff text file (no header, whitespace; lags 5).
+A data key the chosen data name does not read (the file keys with synthetic / panel; length, heterogeneity
+outside synthetic; units, years outside panel) must keep the variant's value: setting it is a ConfigError.
 Outputs: summary.json (edge_scores [sources x targets], variables, per-edge curves and labels),
 response_curves.npz, response_functions.png in the workdir.
 """
@@ -24,6 +26,15 @@ from jaxlab import claims, configs
 SEEDS = (0, 1, 2)
 DATA_NAMES = ("synthetic", "panel", "csv", "vdem", "dream3", "causeme")
 MECHS = ("linear", "threshold", "saturating", "sign-changing")
+
+RESULTS = dict(  # this experiment's row of the README results table (values from claims.json)
+    experiment=("`navar_ice` (Function-Valued Causal Influence / NAVAR + ICE, arXiv 2605.26408; curve extraction and "
+                "mechanism rules reconstructed)"),
+    claim=("synthetic 4 drivers -> 4 targets (linear / threshold / saturating / sign-changing, equal effect "
+           "size), NAVAR-MLP: edge AUROC >= 0.95; true-edge scores within +-15% of their mean; every PD curve "
+           "nRMSE <= 0.35 and corr >= 0.95; mechanisms labelled correctly on >= 2/3 seeds; a linear VAR fails on"
+           " the sign-changing edge; a regime edge's ICE dispersion >= 3x a homogeneous edge's"),
+)
 
 CLAIMS = [
     claims.Claim("auroc", "edge AUROC (off-diagonal) >= 0.95 on every seed", claims.minimum("auroc"), ">=", 0.95),
@@ -42,26 +53,36 @@ CLAIMS = [
 ]
 
 
+# Which data names read which data keys (the others have no effect there; `validate` refuses a change to them).
+FILE_DATA = ("csv", "vdem", "dream3", "causeme")
+FILE_KEYS = ("path", "truth_path", "delimiter", "header", "time_column", "unit_column", "columns", "split_length")
+SYNTHETIC_KEYS = ("length", "heterogeneity")   # data.name=synthetic only
+PANEL_KEYS = ("units", "years")                # data.name=panel only
+
+
 def get_config(arg=None):
   """`variant=tiny|small|full,seed=S,data=synthetic|panel|csv|vdem|dream3|causeme` (e.g. "tiny")."""
-  arg = configs.parse_arg(arg, variant="tiny", seed=0, data="")
-  c = configs.base_config()
-  c.variant = arg.variant
-  c.seed = arg.seed
+  return configs.finalize(_build(arg), validate)
+
+
+def _build(arg):
+  """The variant's config before overrides (also the reference `validate` compares mode-specific keys with)."""
+  c, arg = configs.variant_config(arg, data="")
   c.data = ml_collections.ConfigDict(dict(
       name="synthetic", path="", truth_path="", delimiter="", header=True, time_column="auto", unit_column="",
       columns=(), split_length=0, lags=3, normalise="global", val_fraction=0.0, length=1500, units=139, years=50,
       heterogeneity=True))
   c.model = ml_collections.ConfigDict(dict(kind="mlp", hidden=32, layers=1))
+  # Full-batch AdamW: method.steps updates in chunks of method.chunk (one logged / checkpointed step each).
   c.method = ml_collections.ConfigDict(dict(lam=0.1, steps=3000, chunk=500, bootstrap=2))
   c.eval = ml_collections.ConfigDict(dict(
       grid=25, lag=1, quantiles=(0.05, 0.95), band=(0.05, 0.95), keep_ice=40, flat_tol=0.02, max_edges=64,
       var_baseline=True, plots=True))
-  c.batch_size = 8        # unused: full-batch training over all windows (sharded over the data axis)
-  c.log_every = 1
-  c.checkpoint_every = 1
-  c.optimizer.learning_rate = 3e-3
-  c.optimizer.weight_decay = 1e-4
+  # The training stage's run_loop: its cadence and the optimizer (no batch size: every step sees all windows;
+  # no num_steps: the loop runs method.steps // method.chunk chunks).
+  c.train = configs.train_config(
+      batch_size=None, eval_batch_size=None, num_steps=None, eval_every=None, init_from=None,
+      log_every=1, checkpoint_every=1, optimizer=dict(learning_rate=3e-3, weight_decay=1e-4))
   data = arg.data or ("csv" if arg.variant == "full" else "synthetic")
   c.data.name = data
   if arg.variant == "small":
@@ -87,36 +108,53 @@ def get_config(arg=None):
     c.data.delimiter = "\t"
     c.model.hidden = 10
     c.method.lam = 0.188
-    c.optimizer.learning_rate = 5e-4
-    c.optimizer.weight_decay = 1.1e-4
+    c.train.optimizer.learning_rate = 5e-4
+    c.train.optimizer.weight_decay = 1.1e-4
   elif data == "causeme":                      # official run_causeme_experiments.py (nonlinear-VAR N-10 MLP)
     c.data.lags = 5
     c.data.header = False
     c.data.time_column = ""
     c.model.hidden = 128
     c.method.lam = 0.2014
-    c.optimizer.learning_rate = 5e-4
-    c.optimizer.weight_decay = 8.6e-3
-  c.num_steps = num_chunks(c)
-  return configs.finalize(c)
+    c.train.optimizer.learning_rate = 5e-4
+    c.train.optimizer.weight_decay = 8.6e-3
+  return c
 
 
-def num_chunks(c) -> int:
-  """Training is logged / checkpointed per chunk of `method.chunk` full-batch steps."""
-  return max(1, c.method.steps // max(c.method.chunk, 1))
+def _check_mode_keys(c) -> None:
+  """A data key the chosen data.name does not read must keep the variant's value (else it would be ignored)."""
+  from jaxlab.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  d = c.data
+  ref = _build(f"variant={c.variant},seed={c.seed},data={d.name}").data
+  norm = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v  # noqa: E731
+  changed = lambda key: norm(d[key]) != norm(ref[key])  # noqa: E731
+  files = f"data.name=csv (or the preset {', '.join(FILE_DATA[1:])})"
+  for key in FILE_KEYS:
+    if d.name not in FILE_DATA and changed(key):
+      raise ConfigError(f"config.data.{key}={d[key]!r} has no effect with data.name={d.name!r} (generated data); "
+                        f"set {files} to read a file, e.g. --config experiments/navar_ice/config.py:"
+                        f"variant={c.variant},data=csv")
+  for keys, name in ((SYNTHETIC_KEYS, "synthetic"), (PANEL_KEYS, "panel")):
+    for key in keys:
+      if d.name != name and changed(key):
+        what = "reads data.path" if d.name in FILE_DATA else "generates its own data"
+        raise ConfigError(f"config.data.{key}={d[key]!r} has no effect with data.name={d.name!r} ({what}); it "
+                          f"belongs to data.name={name}: set that, or leave data.{key} at {ref[key]!r}")
 
 
 def validate(c):
-  """Experiment-specific checks (called by train_and_evaluate)."""
+  """Experiment-specific checks (run once by `configs.finalize` and again by `configs.apply_overrides`).
+
+  A missing data.path for a file data name is reported when the run starts (`method.build_systems`), so the
+  full variant (data=csv) is a valid config before the file is given.
+  """
   from jaxlab.causal import data as data_lib  # pylint: disable=g-import-not-at-top
   from jaxlab.causal import navar  # pylint: disable=g-import-not-at-top
   from jaxlab.errors import ConfigError  # pylint: disable=g-import-not-at-top
   d, m, e = c.data, c.method, c.eval
   if d.name not in DATA_NAMES:
     raise ConfigError(f"config.data.name={d.name!r}: use one of {DATA_NAMES}")
-  if d.name in ("csv", "vdem", "dream3", "causeme") and not d.path:
-    raise ConfigError(f"config.data.name={d.name!r} needs --config.data.path=FILE.csv (one column per variable, "
-                      "header row; a folder or glob for one file per unit)")
+  _check_mode_keys(c)
   if not isinstance(d.lags, int) or d.lags < 1:
     raise ConfigError(f"config.data.lags must be an integer >= 1, got {d.lags!r}")
   if d.normalise not in data_lib.NORMALISE:
@@ -135,9 +173,9 @@ def validate(c):
     raise ConfigError(f"config.method.lam must be >= 0, got {m.lam!r}")
   if m.chunk < 1 or m.steps < 1 or m.steps % m.chunk:
     raise ConfigError(f"config.method.steps={m.steps} must be a positive multiple of config.method.chunk={m.chunk}")
-  if c.num_steps != num_chunks(c):
-    raise ConfigError(f"config.num_steps={c.num_steps} must equal method.steps / method.chunk = {num_chunks(c)}; "
-                      "set method.steps instead")
+  if c.train.optimizer.warmup_steps > m.steps:
+    raise ConfigError(f"config.train.optimizer.warmup_steps={c.train.optimizer.warmup_steps} exceeds "
+                      f"config.method.steps={m.steps} (the optimizer's schedule runs over method.steps updates)")
   if m.bootstrap < 0:
     raise ConfigError(f"config.method.bootstrap must be >= 0, got {m.bootstrap!r}")
   if e.grid < 7:

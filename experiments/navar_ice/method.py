@@ -1,6 +1,6 @@
 """NAVAR-ICE experiment glue: the systems a config trains on, per-edge reports, and the synthetic checks.
 
-Synthetic checks (the spec's pass criteria), all on member 0 (NAVAR trained on the full data):
+Synthetic checks (the claims' pass criteria), all on member 0 (NAVAR trained on the full data):
 
 * shape recovery of edge d_k -> y_k: the true contribution in normalised units,
   t(v) = s_k f_k(v sigma_d + mu_d) / sigma_y, and the PD are both centred over the grid;
@@ -18,11 +18,20 @@ import numpy as np
 
 from jaxlab.causal import data as data_lib
 from jaxlab.causal import mechanisms, scores
+from jaxlab.errors import ConfigError
 
 
 def build_systems(config) -> list[dict]:
-  """[{"name", "panel", "truth" (N, N) or None, "meta"}]: "main" always, "het" for synthetic data."""
+  """[{"name", "panel", "truth" (N, N) or None, "meta"}]: "main" always, "het" for synthetic data.
+
+  Raises:
+    ConfigError: a file data name without data.path (checked here, when the run starts: the full variant,
+      data=csv, is a valid config before the file is given).
+  """
   d = config.data
+  if d.name not in ("synthetic", "panel") and not d.path:
+    raise ConfigError(f"config.data.name={d.name!r} needs --config.data.path=FILE.csv (one column per variable, "
+                      "header row; a folder or glob for one file per unit)")
   rng = np.random.default_rng(config.seed)
   if d.name == "synthetic":
     sim = data_lib.four_mechanisms(rng, d.length)

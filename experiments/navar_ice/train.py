@@ -8,15 +8,24 @@ near-equal scalar scores while their PD curves recover linear / threshold / satu
 (nRMSE <= 0.35, corr >= 0.95) and are labelled so; the linear VAR misses the sign-changing edge; the
 regime-dependent edge's ICE curves fan out (>= 3x the dispersion of a homogeneous edge).
 
-The run is `jaxlab.train.run_loop` over chunks of `method.chunk` full-batch AdamW steps of every system
-(synthetic: the four-mechanism system and the heterogeneity pair) and every ensemble member (member 0 on
-the data, members 1..bootstrap on bootstrap resamples with their own initialisation), one checkpoint per
-chunk. Windows are sharded over the "data" mesh axis (padded with zero-weight windows). Evaluation after
-training is deterministic host-side work on the final state.
+The run is `jaxlab.train.run_stages`:
+  train           `jaxlab.train.run_loop` (in workdir/stages/train/, resumable on its own) over
+                  method.steps // method.chunk chunks of method.chunk full-batch AdamW steps of every system
+                  (synthetic: the four-mechanism system and the heterogeneity pair) and every ensemble member
+                  (member 0 on the data, members 1..bootstrap on bootstrap resamples with their own
+                  initialisation), one checkpoint per chunk; returns the last chunk's train metrics and the
+                  trained parameters (stage arrays, read back by the next stages);
+  evaluate/main   edge scores, response curves, mechanism labels, bands, baselines (response_curves.npz);
+  evaluate/het    (synthetic data with data.heterogeneity) the regime pair's ICE dispersion
+                  (response_curves_het.npz);
+  plots           (eval.plots) response_functions.png and heterogeneity.png.
+Windows are sharded over the "data" mesh axis (padded with zero-weight windows). Evaluation is deterministic
+host-side work on the trained parameters. summary.json is written once, after the last stage.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
@@ -24,48 +33,60 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab import configs, metrics
-from jaxlab import mesh as mesh_lib
+from jaxlab import metrics
 from jaxlab.causal import data as data_lib
 from jaxlab.causal import ensemble, ice, scores
 from jaxlab.causal.navar import Navar
-from jaxlab.train import optim, run_loop
+from jaxlab.train import optim, run_loop, run_stages
 
-from . import config as config_lib  # noqa: E402  (relative: works for installed and path-loaded experiments)
 from . import method
+
+# Entries of the training run_loop's summary that are not results of the run (timing, bookkeeping).
+_LOOP_ONLY = ("wall_s", "resumes", "step")
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Trains every system's ensemble, evaluates the edges; returns the summary (also in summary.json)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
-  split = dict(mesh.shape).get("data", 1)
-  repl = NamedSharding(mesh, P())
   d, m = config.data, config.method
   members = 1 + m.bootstrap
-  tx, _ = optim.make_optimizer(config.optimizer, m.steps)
-  systems = method.build_systems(config)
+  tx, _ = optim.make_optimizer(config.train.optimizer, m.steps)
+  systems = method.build_systems(config)      # reads / generates the data before the workdir is touched
   rng = np.random.default_rng(config.seed + 7919)
-  state, shardings, batch, steps = {}, {}, {}, {}
   for k, s in enumerate(systems):
     win = data_lib.make_windows(s["panel"], d.lags, d.normalise, d.val_fraction)
     s["windows"] = win
     s["model"] = Navar(n=len(win.variables), lags=d.lags, hidden=config.model.hidden, kind=config.model.kind,
                        layers=config.model.layers)
-    train = ~win.val
     # Bands are reported for the main system only; the heterogeneity pair trains member 0 alone.
     s["members"] = members if s["name"] == "main" else 1
-    w = ensemble.bootstrap_weights(rng, train, s["members"])
+    s["weights"] = ensemble.bootstrap_weights(rng, ~win.val, s["members"])
+    # Host-side init from a numpy Generator: compiling a vmapped threefry init costs seconds on CPU.
+    s["init"] = ensemble.init(s["model"], tx, np.random.default_rng([config.seed, k]), s["members"])
+
+  stages = {"train": functools.partial(train_stage, systems=systems, tx=tx)}
+  for s in systems:
+    stages[f"evaluate/{s['name']}"] = functools.partial(evaluate_stage, system=s)
+  if config.eval.plots:
+    stages["plots"] = plots_stage
+  return run_stages(config, workdir, stages, summarise=summarise)
+
+
+def train_stage(ctx, systems: list[dict], tx) -> dict:
+  """run_loop over the chunks in ctx.subdir(); returns the last chunk's metrics and the trained parameters."""
+  config, mesh = ctx.config, ctx.mesh
+  d, m = config.data, config.method
+  split = dict(mesh.shape).get("data", 1)
+  repl = NamedSharding(mesh, P())
+  state, shardings, batch, steps = {}, {}, {}, {}
+  for s in systems:
+    win, w = s["windows"], s["weights"]
     pad = (-len(win.y)) % split
     arrays = {"x": np.pad(win.x, ((0, pad), (0, 0), (0, 0))), "y": np.pad(win.y, ((0, pad), (0, 0))),
               "w": np.pad(w, ((0, 0), (0, pad))), "v": np.pad(win.val.astype(np.float32), (0, pad))}
     specs = {"x": P("data"), "y": P("data"), "w": P(None, "data"), "v": P("data")}
     batch[s["name"]] = {key: jax.device_put(jnp.asarray(a), NamedSharding(mesh, specs[key]))
                         for key, a in arrays.items()}
-    # Host-side init from a numpy Generator: compiling a vmapped threefry init costs seconds on CPU.
-    init_rng = np.random.default_rng([config.seed, k])
-    state[s["name"]] = jax.device_put(ensemble.init(s["model"], tx, init_rng, s["members"]), repl)
+    state[s["name"]] = jax.device_put(s["init"], repl)
     shardings[s["name"]] = jax.tree.map(lambda _: repl, state[s["name"]])
     steps[s["name"]] = ensemble.make_chunk_step(s["model"], tx, m.lam, m.chunk)
 
@@ -82,14 +103,34 @@ def train_and_evaluate(config, workdir: str) -> dict:
   data_shardings = jax.tree.map(lambda a: a.sharding, batch)
   jstep = jax.jit(step_fn, in_shardings=(shardings, data_shardings), out_shardings=(shardings, repl),
                   donate_argnums=0)
-  state, summary = run_loop(config, workdir, state, shardings, jstep, lambda step: batch)
-  summary = dict(summary)
-  for s in systems:
-    summary.update(evaluate_system(config, s, state[s["name"]], workdir))
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  if config.eval.plots and jax.process_index() == 0:
-    plot_workdir(workdir, summary)
-  return summary
+  state, summary = run_loop(config, ctx.subdir(), state, shardings, jstep, lambda step: batch,
+                            num_steps=m.steps // m.chunk)
+  out = {k: v for k, v in summary.items() if k not in _LOOP_ONLY}
+  out["chunks"] = summary["step"]
+  out["params"] = {name: jax.device_get(st["params"]) for name, st in state.items()}
+  return out
+
+
+def evaluate_stage(ctx, system: dict) -> dict:
+  """Evaluates one system on the parameters the train stage returned."""
+  params = ctx.results["train"]["params"][system["name"]]
+  return evaluate_system(ctx.config, system, {"params": params}, ctx.workdir)
+
+
+def plots_stage(ctx) -> dict:
+  """response_functions.png (and heterogeneity.png) in the workdir, from the evaluation stages' .npz files."""
+  if jax.process_index() == 0:
+    plot_workdir(ctx.workdir)
+  return {}
+
+
+def summarise(results: dict) -> dict:
+  """The union of the stages' results, with the number of training chunks as `step` (as a run_loop summary)."""
+  out = {}
+  for name, r in results.items():
+    out.update({k: v for k, v in r.items() if k != "params"})
+  out["step"] = out.pop("chunks")
+  return out
 
 
 def evaluate_system(config, s: dict, st: dict, workdir: str) -> dict:
@@ -157,7 +198,7 @@ def evaluate_system(config, s: dict, st: dict, workdir: str) -> dict:
 # ------------------------------------------------------------------------------------------------ plots
 
 
-def plot_workdir(workdir: str, summary: dict) -> list[str]:
+def plot_workdir(workdir: str) -> list[str]:
   """response_functions.png (top / true edges: PD, bands, ICE curves) and, if present, heterogeneity.png."""
   from jaxlab.plotting import plt  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   paths = []
@@ -208,9 +249,16 @@ def _curve_figure(plt, z, edges, path, title):
 
 
 def plot(runs, workdirs, out_dir):
-  """Per seed: the response functions (PD vs the true function for synthetic data) and the edge-score matrix."""
-  from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top
+  """Per seed: the response functions (PD vs the true function for synthetic data) and the edge-score matrix;
+  and the training curves of the train stage's run_loop (navar_ice_training.png, per chunk)."""
+  from jaxlab.plotting import plot_curves, plt, save  # pylint: disable=g-import-not-at-top
   paths = []
+  loops = [os.path.join(wd, "stages", "train") for wd in workdirs]
+  curves = plot_curves([w for w in loops if os.path.isdir(w)], ("train/loss", "train/mse", "train/l1", "het/mse"),
+                       os.path.join(out_dir, "navar_ice_training.png"),
+                       labels=[os.path.basename(os.path.normpath(wd)) for wd, w in zip(workdirs, loops)
+                               if os.path.isdir(w)], title="NAVAR training (per chunk of full-batch steps)")
+  paths += [curves] if curves else []
   rows = len(workdirs)
   fig, axes = plt.subplots(rows, 5, figsize=(17, 3.0 * rows), squeeze=False)
   for r, wd in enumerate(workdirs):

@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxlab.errors import DataError
+from jaxlab.errors import ConfigError, DataError
 from jaxlab.tts import allocation, online, pools, self_consistency as sc, simulate
+
+from . import config as config_lib
 
 
 def load_pools(config, key) -> dict:
@@ -28,6 +30,9 @@ def load_pools(config, key) -> dict:
   """
   d = config.data
   tie = config.method.tie_break
+  if config.variant == "full" and not d.pool_file:
+    raise ConfigError("the full variant reads answer pools: pass --config.data.pool_file=POOLS.jsonl (official PETS "
+                      "JSONL, e.g. gpqa_conf_qwen3_64.jsonl, or the output of python -m jaxlab.tts.sample_pools)")
   if not d.pool_file:
     sim = simulate.dirichlet_mixture_pools(d.num_questions, d.num_options, d.pool_size, easy_prob=d.easy_prob,
                                            easy_alpha=d.easy_alpha, hard_alpha=d.hard_alpha, seed=config.seed)
@@ -50,12 +55,31 @@ def load_pools(config, key) -> dict:
                final=p.labels if keep_final else None)
     if (lengths == 0).all():
       raise DataError(f"{d.pool_file}: no question has a usable answer (check data.choices={d.choices!r})")
+    check_pool_sizes(config, lengths, p.ids)
   weights = out["conf"] if config.method.weighted else None
   labels = np.asarray(sc.vote(out["answers"], out["num_options"], weights_kn=weights, tie_break=tie))
   if out["final"] is not None and not config.method.weighted:
     labels = np.where(out["final"] >= 0, out["final"], labels).astype(np.int32)
   out["labels"] = labels
   return out
+
+
+def check_pool_sizes(config, lengths, ids) -> None:
+  """Every pool must hold the largest budget the config asks for (else the high budgets silently reuse a
+  truncated pool and their rates mean nothing).
+
+  Raises:
+    DataError: one line naming the pool file, its smallest pool, the budget key and the fixes.
+  """
+  need, key = config_lib.largest_budget(config)
+  smallest = int(np.min(lengths))
+  if smallest < need:
+    q = ids[int(np.argmin(lengths))]
+    d = config.data
+    cut = f" (data.pool_size={d.pool_size} keeps the first {d.pool_size})" if d.pool_size == smallest else ""
+    raise DataError(f"{d.pool_file}: the smallest pool (question {q!r}) holds {smallest} usable answers{cut} but "
+                    f"config.{key} asks for {need} per question; lower config.{key} to <= {smallest} "
+                    "(and the other budgets with it) or use pools with more answers")
 
 
 def pad_questions(data: dict, multiple: int) -> dict:

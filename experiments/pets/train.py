@@ -5,91 +5,85 @@ Expected (tiny, 2 CPU cores, about half a minute per seed): OKG at an average bu
 self-consistent as uniform allocation at 32; OKG beats uniform by >= 0.03 on average at budgets 4 and 8; the
 online policy at average budget 16 beats uniform at 16 by >= 0.01 and spends <= 16 answers per question.
 
-Stages (`jaxlab.train.run_loop`, one checkpoint per stage, resumable): stage i < len(method.budgets) runs the
-OKG allocator on to an average of budgets[i] answers per question (state: the Dirichlet posteriors, votes,
-pool pointers and cached gains, sharded over questions on the "data" mesh axis) and scores OKG and uniform
-allocation at that budget; the last stage calibrates the online policy on the first online.train_size
-questions and sweeps its average budget on the rest. summary.json holds flat keys
-`sc_rate/{uniform,offline,online,uniform_test}/B{budget}` (+ `acc/...` against gold answers when known).
+Stages (`jaxlab.train.run_stages`, resumable, one checkpoint per stage): `offline@B<b>` for each entry of
+method.budgets runs the OKG allocator on to an average of b answers per question and scores OKG and uniform
+allocation at that budget; the carried state (the Dirichlet posteriors, votes, pool pointers and cached gains,
+sharded over questions on the "data" mesh axis) continues from one budget to the next. `online` (when
+online.enabled) calibrates the online policy on the first online.train_size questions and sweeps its average
+budget on the rest. summary.json holds flat keys `sc_rate/{uniform,offline,online,uniform_test}/B{budget}`
+(+ `acc/...` against gold answers when known), budget savings and the pools' sizes.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab import configs, metrics
 from jaxlab import mesh as mesh_lib
-from jaxlab.train import run_loop
+from jaxlab.train import run_stages
 
-from . import config as config_lib
 from . import method
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs the stages and returns the summary."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
   root = jax.random.key(config.seed)
   data = method.load_pools(config, jax.random.fold_in(root, 3))
-  n_data = mesh.shape["data"]
-  padded = method.pad_questions(data, n_data)
-  qsh = NamedSharding(mesh, P("data"))
-  repl = NamedSharding(mesh, P())
-  alloc = method.allocator(config, data["num_options"])
-  okg_key = jax.random.fold_in(root, 1)
-  order = method.draw_order(padded, jax.random.fold_in(root, 2))
-  dev = {k: jax.device_put(jnp.asarray(v), qsh) for k, v in order.items()}
-  shardings = {"alpha": qsh, "votes": qsh, "first": qsh, "ptr": qsh, "gain": qsh, "draws": repl}
-  state = jax.device_put(alloc.init(okg_key, dev["answers"], dev["lengths"], dev["conf"]), shardings)
-  budgets = tuple(config.method.budgets)
-  k_real = data["answers"].shape[0]
-  real = jax.device_put(jnp.arange(padded["answers"].shape[0]) < k_real, qsh)
-  labels = jax.device_put(jnp.asarray(padded["labels"]), qsh)
-  gold = jax.device_put(jnp.asarray(padded["gold"]), qsh)
-  has_gold = bool((data["gold"] != -1).any())
-  pools_dev = jax.device_put(jnp.asarray(padded["answers"]), qsh)
-  conf_dev = jax.device_put(jnp.asarray(padded["conf"]), qsh) if config.method.weighted else None
+  with mesh_lib.use_config(config) as mesh:
+    padded = method.pad_questions(data, mesh.shape["data"])
+    qsh = NamedSharding(mesh, P("data"))
+    repl = mesh_lib.replicated(mesh)
+    alloc = method.allocator(config, data["num_options"])
+    okg_key = jax.random.fold_in(root, 1)
+    order = method.draw_order(padded, jax.random.fold_in(root, 2))
+    dev = {k: jax.device_put(jnp.asarray(v), qsh) for k, v in order.items()}
+    shardings = {"alpha": qsh, "votes": qsh, "first": qsh, "ptr": qsh, "gain": qsh, "draws": repl}
+    state = jax.device_put(alloc.init(okg_key, dev["answers"], dev["lengths"], dev["conf"]), shardings)
+    k_real = data["answers"].shape[0]
+    real = jax.device_put(jnp.arange(padded["answers"].shape[0]) < k_real, qsh)
+    labels = jax.device_put(jnp.asarray(padded["labels"]), qsh)
+    gold = jax.device_put(jnp.asarray(padded["gold"]), qsh)
+    has_gold = bool((data["gold"] != -1).any())
+    pools_dev = jax.device_put(jnp.asarray(padded["answers"]), qsh)
+    conf_dev = jax.device_put(jnp.asarray(padded["conf"]), qsh) if config.method.weighted else None
 
-  def step_fn(state, stage):
-    if stage < len(budgets):
-      b = budgets[stage]
-      need = k_real * b - int(state["draws"])
-      state = jax.device_put(alloc.allocate(state, okg_key, dev["answers"], dev["lengths"], max(need, 0),
-                                            dev["conf"]), shardings)
-      pred_o = alloc.predict(state)
-      pred_u = method.uniform_predictions(config, pools_dev, conf_dev, b, data["num_options"])
-      out = {"budget": b, "offline/spent": int(state["draws"]) / k_real,
+    def offline(ctx, budget):
+      """OKG continues to an average of `budget` answers per question; OKG and uniform scored there."""
+      need = k_real * budget - int(ctx.state["draws"])
+      ctx.state = jax.device_put(alloc.allocate(ctx.state, okg_key, dev["answers"], dev["lengths"], max(need, 0),
+                                                dev["conf"]), shardings)
+      pred_o = alloc.predict(ctx.state)
+      pred_u = method.uniform_predictions(config, pools_dev, conf_dev, budget, data["num_options"])
+      out = {"budget": budget, "offline/spent": int(ctx.state["draws"]) / k_real,
              "sc_rate/offline": method.rate(pred_o, labels, real), "sc_rate/uniform": method.rate(pred_u, labels, real)}
       if has_gold:
         out.update({"acc/offline": method.rate(pred_o, gold, real), "acc/uniform": method.rate(pred_u, gold, real)})
-      return state, out
-    return state, method.online_metrics(config, data)
+      return out
 
-  run_loop(config, workdir, state, shardings, step_fn, lambda s: s)
-  summary = summarise(metrics.read_metrics(workdir), config)
-  summary.update(num_questions=k_real, num_options=int(data["num_options"]), max_pool=int(data["lengths"].max()),
+    stages = {f"offline@B{b}": functools.partial(offline, budget=b) for b in config.method.budgets}
+    if config.online.enabled:
+      stages["online"] = lambda ctx: method.online_metrics(config, data)
+    extra = dict(num_questions=k_real, num_options=int(data["num_options"]), max_pool=int(data["lengths"].max()),
                  skipped_answers=int(data["skipped_answers"]))
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+    return run_stages(config, workdir, stages, state=state, shardings=shardings,
+                      summarise=functools.partial(summarise, config=config), extra_summary=extra)
 
 
-def summarise(rows, config) -> dict:
-  """Flat `sc_rate/<kind>/B<budget>` keys, online extras, and budget savings."""
+def summarise(results, config) -> dict:
+  """Flat `sc_rate/<kind>/B<budget>` keys (from the offline stages' results), online extras, budget savings."""
   out = {}
-  for r in rows:
-    if "budget" in r:
+  for name, r in results.items():
+    if name.startswith("offline@"):
       b = int(r["budget"])
       for k, v in r.items():
         if k.startswith(("sc_rate/", "acc/", "offline/")):
           out[f"{k}/B{b}"] = v
     else:
-      out.update({k: v for k, v in r.items() if k != "step" and not k.startswith("train/")})
+      out.update(r)
   budgets = list(config.method.budgets)
   out.update(method.savings(out, "offline", "uniform", budgets))
   if config.online.enabled:

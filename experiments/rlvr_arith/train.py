@@ -1,24 +1,33 @@
 """RLVR arithmetic: SFT to a partial start, then GRPO (true or shuffled rewards) from it; greedy accuracy.
 
 Launch: python -m jaxlab.main --config experiments/rlvr_arith/config.py:tiny --workdir /tmp/rlvr_arith
-Stages (each resumable in its own sub-directory): sft/ (masked-prompt SFT on the shared loop), then one
-directory per arm of config.method.arms: grpo/ (GRPO with the answer + format reward), shuffled/ (the same with
-rewards permuted across the batch: a control with the same reward distribution but no signal), rft/
-(rejection-sampling fine-tuning: SFT on the model's own correct samples).
+The run is a sequence of stages (`jaxlab.train.run_stages`; each recorded once, a rerun skips the finished ones):
+
+* `sft`: masked-prompt SFT on the shared loop (`fit`, resumable sub-run in workdir/stages/sft/), stopping
+  early at the target dev accuracy; absent when config.sft.num_steps = 0 (start from model.hf_path);
+* `eval_sft`: greedy accuracy of the start on the held-out problems (+ parameter and problem counts);
+* one stage per arm of config.method.arms, each training from the start in its own resumable sub-run
+  (workdir/stages/<arm>/) and then scoring it (greedy accuracy, format rate, gain over the start, KL to the
+  start): `grpo` (GRPO with the answer + trace reward, `run_loop`), `shuffled` (the same with rewards permuted
+  across the batch: a control with the same reward distribution but no signal), `rft` (rejection-sampling
+  fine-tuning: SFT on the model's own correct samples).
+
+summary.json (written once, at the end) holds every stage's results.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
 import ml_collections
 import numpy as np
 
-from jaxlab import configs, mesh as mesh_lib, metrics
+from jaxlab import checkpoint, configs, mesh as mesh_lib, metrics
 from jaxlab.data import ArraySource
 from jaxlab.errors import ConfigError
-from jaxlab.lm import generate, hf, sft
+from jaxlab.lm import generate, hf, sft, sft_data
 from jaxlab.lm.model import Transformer, TransformerConfig
 from jaxlab.lm.tokenizer import load_tokenizer
 from jaxlab.posttrain import arith, rewards as rewards_lib
@@ -27,8 +36,7 @@ from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn, per_token_lo
 from jaxlab.posttrain.rft import rejection_sample
 from jaxlab.posttrain.rollout import decode_completion, single_turn
 from jaxlab.state import ModelDef, create_train_state, param_count
-from jaxlab.train import fit, optim, step as step_lib
-from jaxlab.train.loop import run_loop
+from jaxlab.train import fit, optim, run_loop, run_stages, step as step_lib
 
 from . import config as config_lib
 
@@ -85,7 +93,7 @@ def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str,
   hits, valid = [], []
   for s in range(0, len(evals), batch):
     chunk = evals[s:s + batch]
-    out = generate(model, [sft.encode_prompt(e["prompt"], tok) for e in chunk], max_new_tokens,
+    out = generate(model, [sft_data.encode_prompt(e["prompt"], tok) for e in chunk], max_new_tokens,
                    stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
     toks, lens = jax.device_get((out.tokens, out.lengths))
     texts = [decode_completion(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
@@ -101,7 +109,7 @@ def kl_to_reference(model, ref, tok, evals, config, prompts: int = 64, samples: 
   the mean over completions of sum_t (log pi - log ref) (k1: unbiased for the sequence-level KL).
   """
   g = config.grpo
-  ids = [sft.encode_prompt(e["prompt"], tok) for e in evals[:prompts]]
+  ids = [sft_data.encode_prompt(e["prompt"], tok) for e in evals[:prompts]]
   roll = single_turn(model, ids, samples, key=jax.random.key(config.seed + 11), max_new_tokens=g.max_new_tokens,
                      temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
   args = (roll.tokens, roll.positions, roll.segment_ids)
@@ -110,9 +118,22 @@ def kl_to_reference(model, ref, tok, evals, config, prompts: int = 64, samples: 
   return float(np.mean(np.sum(np.asarray(diff) * roll.loss_mask, axis=1)))
 
 
-def _sub_config(config, **changes) -> ml_collections.ConfigDict:
+def sft_config(config, num_steps: int, learning_rate: float) -> ml_collections.ConfigDict:
+  """The config of an SFT sub-run (`fit`): the run's config with a complete train section for SFT.
+
+  batch_size and warm-up come from config.sft, the step count and learning rate from the caller (SFT start or
+  RFT); warm-up + cosine; the other optimizer settings (adamw, b2, clip, ...) and the checkpoint settings
+  are the run's (config.train).
+  """
+  s, t = config.sft, config.train
   c = ml_collections.ConfigDict(config.to_dict())
-  configs.apply_overrides(c, changes)
+  c.train = configs.train_config(
+      batch_size=s.batch_size, num_steps=num_steps, log_every=min(50, num_steps), eval_every=0, checkpoint_every=0,
+      keep_checkpoints=t.keep_checkpoints, async_checkpoint=t.async_checkpoint,
+      optimizer=dict(t.optimizer.to_dict(), learning_rate=learning_rate, schedule="warmup_cosine",
+                     warmup_steps=min(s.warmup_steps, num_steps)))
+  c = configs.finalize(c)
+  configs.set_experiment_name(c, configs.experiment_name(config))
   return c
 
 
@@ -123,12 +144,8 @@ def run_sft(config, workdir, modeldef, tok, examples, num_steps, learning_rate, 
   With `target` > 0, greedy accuracy on `dev` is measured every `check_every` steps and training stops at the
   first check that reaches it (a run_loop hook returning True: the stop survives resume).
   """
-  s = config.sft
-  c = _sub_config(config, num_steps=num_steps, batch_size=s.batch_size, log_every=min(50, num_steps),
-                  checkpoint_every=0, eval_every=0, **{"optimizer.learning_rate": learning_rate,
-                                                       "optimizer.schedule": "warmup_cosine",
-                                                       "optimizer.warmup_steps": min(s.warmup_steps, num_steps)})
-  data = sft.build_padded([{"prompt": e["prompt"], "completion": e["completion"]} for e in examples], tok,
+  c = sft_config(config, num_steps, learning_rate)
+  data = sft_data.build_padded([{"prompt": e["prompt"], "completion": e["completion"]} for e in examples], tok,
                           config.data.seq_len)
 
   def reached(step, state):
@@ -144,25 +161,27 @@ def run_sft(config, workdir, modeldef, tok, examples, num_steps, learning_rate, 
 
 
 def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool):
-  """GRPO from `ref_params` (the SFT model, also the KL reference); returns the final TrainState."""
-  g, gcfg = config.grpo, config_lib.grpo_config(config)
-  mesh = mesh_lib.make_mesh(config.mesh)
-  rules = config.sharding_rules
-  tx, schedule = optim.make_optimizer(config.optimizer, config.num_steps * gcfg.num_iterations)  # per update
+  """GRPO from `ref_params` (the SFT model, also the KL reference); returns the final TrainState.
+
+  Runs in the mesh and rules in context (the sampler and the log-prob passes read them from there too).
+  """
+  g, gcfg, t = config.grpo, config_lib.grpo_config(config), config.train
+  mesh, rules = mesh_lib.current_mesh(), mesh_lib.current_rules()
+  tx, schedule = optim.make_optimizer(t.optimizer, t.num_steps * gcfg.num_iterations)  # per update
   state, shardings = create_train_state(modeldef, tx, mesh, rules, config.seed)
   state = state.replace(params=jax.device_put(ref_params, shardings.params))
   ref = jax.device_put(ref_params, shardings.params)
   bsh = mesh_lib.batch_sharding(mesh, rules)
   update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, g.temperature), tx, schedule, shardings, bsh)
-  logps_fn = make_logps_fn(modeldef, (shardings.params, shardings.model_state), bsh, g.temperature)
+  logps_fn = make_logps_fn(modeldef, g.temperature)
   reward = reward_fn(config)
-  prompt_ids = [sft.encode_prompt(e["prompt"], tok) for e in train]
+  prompt_ids = [sft_data.encode_prompt(e["prompt"], tok) for e in train]
   width = max(len(p) for p in prompt_ids) + g.max_new_tokens
   base_key = jax.random.key(config.seed + 7919 * (1 + shuffle))
 
   def get_batch(step):
     rng = np.random.default_rng([config.seed, step])
-    return step, rng.choice(len(train), size=config.batch_size, replace=False)
+    return step, rng.choice(len(train), size=t.batch_size, replace=False)
 
   def step_fn(state, batch_idx):
     step, idx = batch_idx
@@ -170,8 +189,7 @@ def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool
     model.eval()
     roll = single_turn(model, [prompt_ids[i] for i in idx], g.num_generations,
                        key=jax.random.fold_in(base_key, step), max_new_tokens=g.max_new_tokens,
-                       temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, width=width,
-                       mesh=mesh, rules=rules)
+                       temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, width=width)
     texts = [decode_completion(tok, r) for r in roll.generated]
     problems = [train[i] for i in idx for _ in range(g.num_generations)]
     comps = reward.components(texts, problems)
@@ -202,48 +220,77 @@ def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """SFT start, then every arm of config.method.arms from it; greedy accuracy of each on held-out problems."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
+  config_lib.check_inputs(config)
   tok = tokenizer_for(config)
   train, evals = problems(config)
   mcfg = model_config(config, tok)
-  modeldef = ModelDef(lambda rngs: Transformer(mcfg, rngs=rngs))
-  initial = hf.load_hf_params(config.model.hf_path, mcfg) if config.model.hf_path else None
-  e, g = config.eval, config.grpo
-  summary: dict = {}
+  run = _Run(config, tok, ModelDef(lambda rngs: Transformer(mcfg, rngs=rngs)), mcfg, train, evals)
+  stages = {}
   if config.sft.num_steps:
-    s = config.sft
-    dev, train = train[:s.dev_size], train[s.dev_size:]
-    start_params, info = run_sft(config, os.path.join(workdir, "sft"), modeldef, tok, train, s.num_steps,
-                                 s.learning_rate, initial, dev=dev, target=s.target_accuracy,
-                                 check_every=s.check_every)
-    summary["sft/steps"] = info["step"]
-    summary["sft/loss"] = info.get("train/loss")
-  else:
-    if initial is None:
-      raise ConfigError("config.sft.num_steps=0 needs a pretrained start: set config.model.hf_path")
-    start_params = initial
-  model = modeldef.merge(start_params, {})
-  model.eval()
-  r = greedy_eval(model, tok, evals, e.batch, g.max_new_tokens)
-  summary.update({"eval/acc_sft": r["acc"], "eval/format_sft": r["format"]})
+    stages["sft"] = run.sft
+  stages["eval_sft"] = run.eval_sft
   for arm in config.method.arms:
-    wd = os.path.join(workdir, arm)
+    stages[arm] = functools.partial(run.arm, arm=arm)
+  return run_stages(config, workdir, stages)
+
+
+class _Run:
+  """The stages of one run (shared data, tokenizer and model definition)."""
+
+  def __init__(self, config, tok, modeldef, mcfg, train, evals):
+    self.config, self.tok, self.modeldef, self.mcfg, self.evals = config, tok, modeldef, mcfg, evals
+    s = config.sft
+    # SFT's dev set (its early-stop checks) is cut from the training problems; the RL arms train on the rest.
+    self.dev, self.train = (train[:s.dev_size], train[s.dev_size:]) if s.num_steps else ([], train)
+
+  def _initial(self):
+    m = self.config.model
+    return hf.load_hf_params(m.hf_path, self.mcfg) if m.hf_path else None
+
+  def start_params(self, ctx):
+    """The start of the arms as host arrays: the SFT sub-run's final (or early-stopped) checkpoint, else the
+    pretrained checkpoint."""
+    if not self.config.sft.num_steps:
+      return self._initial()
+    sft_dir = os.path.join(ctx.workdir, "stages", "sft")
+    return jax.device_get(checkpoint.load_params(sft_dir, self.modeldef)[0])
+
+  def _start_model(self, ctx):
+    params = self.start_params(ctx)
+    model = self.modeldef.merge(params, {})
+    model.eval()
+    return params, model
+
+  def sft(self, ctx):
+    """Masked-prompt SFT from scratch (or model.hf_path) until the dev accuracy target (sub-run in stages/sft/)."""
+    s = self.config.sft
+    _, info = run_sft(self.config, ctx.subdir(), self.modeldef, self.tok, self.train, s.num_steps, s.learning_rate,
+                      self._initial(), dev=self.dev, target=s.target_accuracy, check_every=s.check_every)
+    return {"sft/steps": info["step"], "sft/loss": info.get("train/loss")}
+
+  def eval_sft(self, ctx):
+    """Greedy accuracy and format rate of the start on the held-out problems."""
+    c = self.config
+    params, model = self._start_model(ctx)
+    r = greedy_eval(model, self.tok, self.evals, c.eval.batch, c.grpo.max_new_tokens)
+    return {"eval/acc_sft": r["acc"], "eval/format_sft": r["format"], "num_params": param_count(params),
+            "num_eval": len(self.evals)}
+
+  def arm(self, ctx, arm: str):
+    """One arm from the start (sub-run in stages/<arm>/), then its greedy accuracy, gain and KL to the start."""
+    c = self.config
+    start_params, model = self._start_model(ctx)
     if arm == "rft":
-      params = _rft(config, wd, model, modeldef, tok, train, start_params)
+      params = _rft(c, ctx.subdir(), model, self.modeldef, self.tok, self.train, start_params)
     else:
-      params = jax.device_get(run_grpo(config, wd, modeldef, start_params, tok, train,
+      params = jax.device_get(run_grpo(c, ctx.subdir(), self.modeldef, start_params, self.tok, self.train,
                                        shuffle=arm == "shuffled").params)
-    m = modeldef.merge(params, {})
+    m = self.modeldef.merge(params, {})
     m.eval()
-    r = greedy_eval(m, tok, evals, e.batch, g.max_new_tokens)
-    summary.update({f"eval/acc_{arm}": r["acc"], f"eval/format_{arm}": r["format"],
-                    f"eval/gain_{arm}": r["acc"] - summary["eval/acc_sft"],
-                    f"eval/kl_{arm}": kl_to_reference(m, model, tok, evals, config)})
-  summary["num_params"] = param_count(start_params)
-  summary["num_eval"] = len(evals)
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+    r = greedy_eval(m, self.tok, self.evals, c.eval.batch, c.grpo.max_new_tokens)
+    return {f"eval/acc_{arm}": r["acc"], f"eval/format_{arm}": r["format"],
+            f"eval/gain_{arm}": r["acc"] - ctx.results["eval_sft"]["eval/acc_sft"],
+            f"eval/kl_{arm}": kl_to_reference(m, model, self.tok, self.evals, c)}
 
 
 def _rft(config, workdir, model, modeldef, tok, train, start_params):
@@ -275,7 +322,7 @@ def plot(runs, workdirs, out_dir):
   ax[0].legend()
   for k, wd in enumerate(workdirs):
     for arm, style in (("grpo", "-"), ("shuffled", "--")):
-      rows = [x for x in metrics.read_metrics(os.path.join(wd, arm)) if "rollout/answer" in x]
+      rows = [x for x in metrics.read_metrics(os.path.join(wd, "stages", arm)) if "rollout/answer" in x]
       if rows:
         ax[1].plot([x["step"] for x in rows], [x["rollout/answer"] for x in rows], style, color=f"C{k}",
                    label=f"{arm} ({'solid' if style == '-' else 'dashed'})" if k == 0 else None)

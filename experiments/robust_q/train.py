@@ -5,10 +5,12 @@ Expected (tiny, 2 CPU cores, ~20 s per seed): at epsilon = 0.1 (per-pair budget,
 Q-learning's error is ~100 at M = 100 and ~10^4 at M = 10^4, the trimmed-mean learner's is ~0.7 at both
 (identical), its greedy policy is (near) optimal, and its error at epsilon = 0 is no worse than vanilla's.
 
-The run is `method.horizon / method.stage_steps` stages driven by `jaxlab.train.run_loop` (resumable,
-checkpoints every `checkpoint_every` stages): each stage advances every batch element (grid.seeds MDPs x
+The run is `jaxlab.train.run_loop` over `method.horizon / method.stage_steps` loop steps (stages; resumable,
+checkpoints every `train.checkpoint_every` stages): each stage advances every batch element (grid.seeds MDPs x
 corruption settings, sharded over the mesh's data axis) by `stage_steps` steps of one compiled lax.scan and
-logs ||Q_t - Q*||_inf and the greedy policy's suboptimality per learner and setting (means over seeds).
+logs ||Q_t - Q*||_inf and the greedy policy's suboptimality per learner and setting (means over seeds), one
+metrics.jsonl row per stage. summary.json (written once) holds the last stage's errors and the rate slopes
+fitted over all the rows.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import sys
 import jax
 import numpy as np
 
-from jaxlab import configs, metrics
+from jaxlab import metrics
 from jaxlab import mesh as mesh_lib
 from jaxlab.rl import tabular as tb
 from jaxlab.train import run_loop
@@ -44,35 +46,38 @@ def _setting_keys(config, settings):
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs the stages and returns the summary (q_error/<estimator>[/eps_<e> | /M_<m>], suboptimality/..., slopes)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
-  spec = method.make_spec(config)
-  problem = method.build_problem(config, mesh)
-  names = _setting_keys(config, problem.settings)
-  state = method.init_states(spec, config, problem)
-  shardings = jax.tree.map(lambda _: problem.sharding, state)
-  steps = config.method.stage_steps
+  with mesh_lib.use_config(config) as mesh:
+    spec = method.make_spec(config)
+    problem = method.build_problem(config, mesh)
+    names = _setting_keys(config, problem.settings)
+    state = method.init_states(spec, config, problem)
+    shardings = jax.tree.map(lambda _: problem.sharding, state)
+    steps = config.method.stage_steps
 
-  def step_fn(state, stage):
-    del stage  # the state carries the step counter t; randomness is fold_in(key, t)
-    state = tb.run_batch(spec, state, problem.mdps, problem.advs, problem.eligible, problem.keys, steps)
-    qerr, sub = jax.device_get(method.errors(state.q, problem.q_star, problem.mdps))
-    qerr, sub = method.per_setting(qerr, problem), method.per_setting(sub, problem)
-    counts = np.asarray(jax.device_get(state.hist.count))[: problem.used]
-    out = {"steps": float(jax.device_get(state.t)[0]), "coverage/min_visits": float(counts.min()),
-           "coverage/saturated": float(np.mean(counts > config.method.capacity))}
-    for j, keys in enumerate(names):
-      for e, est in enumerate(spec.estimators):
-        for key in keys:
-          out[key("q_error", est)] = float(qerr[j, e])
-          out[key("suboptimality", est)] = float(sub[j, e])
-    return state, out
+    def step_fn(state, stage):
+      del stage  # the state carries the step counter t; randomness is fold_in(key, t)
+      state = tb.run_batch(spec, state, problem.mdps, problem.advs, problem.eligible, problem.keys, steps)
+      qerr, sub = jax.device_get(method.errors(state.q, problem.q_star, problem.mdps))
+      qerr, sub = method.per_setting(qerr, problem), method.per_setting(sub, problem)
+      counts = np.asarray(jax.device_get(state.hist.count))[: problem.used]
+      out = {"steps": float(jax.device_get(state.t)[0]), "coverage/min_visits": float(counts.min()),
+             "coverage/saturated": float(np.mean(counts > config.method.capacity))}
+      for j, keys in enumerate(names):
+        for e, est in enumerate(spec.estimators):
+          for key in keys:
+            out[key("q_error", est)] = float(qerr[j, e])
+            out[key("suboptimality", est)] = float(sub[j, e])
+      return state, out
 
-  run_loop(config, workdir, state, shardings, step_fn, lambda s: s)
-  summary = summarise(metrics.read_metrics(workdir), config)
-  summary.update(num_settings=len(problem.settings), batch=problem.size)
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
+    def final(state, loop_summary):
+      del state
+      out = summarise(metrics.read_metrics(workdir), config)
+      out.update(num_settings=len(problem.settings), batch=problem.size, wall_s=loop_summary["wall_s"],
+                 resumes=loop_summary["resumes"])
+      return out
+
+    _, summary = run_loop(config, workdir, state, shardings, step_fn, lambda s: s,
+                          num_steps=config.method.horizon // steps, summarise=final)
   slopes = {k: round(v, 3) for k, v in summary.items() if k.startswith("rate_slope/")}
   if slopes and jax.process_index() == 0:
     print(f"[robust_q] fitted log-log rate slope of ||Q_t - Q*|| at eps = {_slope_eps(config):g}: {slopes}",
@@ -86,7 +91,7 @@ def _slope_eps(config) -> float:
 
 
 def summarise(rows, config) -> dict:
-  """The last stage's errors plus the fitted rate slopes per estimator."""
+  """The last stage's errors plus the rate slopes per estimator fitted over the stage rows (metrics.jsonl)."""
   if not rows:
     return {}
   last = rows[-1]

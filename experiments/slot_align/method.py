@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab.errors import DataError
+from jaxlab import mesh as mesh_lib
+from jaxlab.errors import ConfigError, DataError
 from jaxlab.federated import client as client_lib
 from jaxlab.federated import data as fdata
 from jaxlab.federated import head as head_lib
@@ -42,6 +43,9 @@ def load_domains(config) -> dict:
     return {"train_x": g["train_x"], "train_y": g["train_y"], "train_mask": np.ones(g["train_y"].shape, np.float32),
             "test_x": g["test_x"], "test_y": g["test_y"], "test_mask": np.ones(g["test_y"].shape, np.float32),
             "num_classes": d.num_classes, "domains": [f"domain{k}" for k in range(d.num_domains)]}
+  if not d.path:   # checked here, not in validate: the full variant is a valid config before the features exist
+    raise ConfigError("config.data.source='features' needs --config.data.path=FEATURES.npz with arrays "
+                      "<domain>_x (n, d) and <domain>_y (n,) from a frozen encoder (README, 'Full scale')")
   from . import config as config_lib  # pylint: disable=g-import-not-at-top
   names, num_classes = config_lib.DATASETS[d.dataset]
   feats = fdata.load_feature_npz(d.path, names)
@@ -136,8 +140,8 @@ def client_steps(config, mask_kn: np.ndarray) -> tuple[int, np.ndarray | None]:
   return int(per.max()), per
 
 
-def make_round(config, mesh, steps: int, per_client: bool):
-  """The jitted one-shot round over a client axis sharded on the mesh's "data" axis.
+def make_round(config, steps: int, per_client: bool):
+  """The jitted one-shot round over a client axis sharded on the "data" axis of the mesh in context.
 
   Returns:
     `round(x, y, mask, a, b, keys, budgets, weights, test_x, test_y, test_mask) -> metrics` where x (Kp, N, d)
@@ -147,6 +151,7 @@ def make_round(config, mesh, steps: int, per_client: bool):
   h = config.head
   kw = dict(steps=steps, lr=h.lr, momentum=h.momentum, weight_decay=h.weight_decay, batch_size=h.batch_size,
             loss=h.loss)
+  mesh = mesh_lib.current_mesh()
   cl = NamedSharding(mesh, P("data"))
   rep = NamedSharding(mesh, P())
 
@@ -170,7 +175,7 @@ def pad_clients(arr: np.ndarray, num_padded: int) -> np.ndarray:
   return np.pad(arr, [(0, num_padded - arr.shape[0])] + [(0, 0)] * (arr.ndim - 1))
 
 
-def padded_count(k: int, mesh) -> int:
-  """Smallest multiple of the mesh's data-axis size that is >= k."""
-  s = mesh.shape["data"]
+def padded_count(k: int) -> int:
+  """Smallest multiple of the data-axis size of the mesh in context that is >= k."""
+  s = dict(mesh_lib.current_mesh().shape)["data"]
   return -(-k // s) * s

@@ -5,24 +5,23 @@ Expected (tiny, 2 CPU cores, a few seconds per seed): at alpha = 0.1 partial tra
 alignment by several points; at alpha = 0 full transport (tau = 1) is best; every client's pushed-forward
 Gaussian equals the barycenter to ~1e-12 (float64).
 
-The run is a sequence of `jaxlab.train.run_loop` stages, one per (alpha, tau) (alpha-major). The state is the
-(alphas, taus) accuracy table, filled one entry per stage and checkpointed after each, so a resumed run
-recomputes only the missing stages (partitions, statistics and maps are pure functions of seed and alpha).
+The run is `jaxlab.train.run_stages` with one stage per (alpha, tau), alpha-major, named like "a0.1/t0.4".
+Each stage trains the clients' heads at one transport strength and returns its accuracies and map checks
+(one metrics.jsonl row, checkpointed), so a resumed run recomputes only the missing stages (partitions,
+statistics and maps are pure functions of seed and alpha, recomputed once per alpha in a session). The
+summary, written once after the last stage, collects the claim keys from the stages' results.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab import configs, metrics
-from jaxlab import mesh as mesh_lib
 from jaxlab.federated import head as head_lib
-from jaxlab.train import run_loop
+from jaxlab.train import run_stages
 
 from . import config as config_lib  # noqa: E402  (relative: works for installed and path-loaded experiments)
 from . import method
@@ -30,18 +29,14 @@ from . import method
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs the (alpha, tau) stages; returns the summary (acc/a<alpha>/t<tau>, std/..., map/*, comm/*)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
   data = method.load_domains(config)
   alphas, taus = tuple(config.method.alphas), tuple(config.method.taus)
   k = data["train_x"].shape[0]
-  kp = method.padded_count(k, mesh)
   root = jax.random.key(config.seed)
   cache: dict[int, dict] = {}
   rounds: dict[tuple, object] = {}
 
-  def prepare(ai: int) -> dict:
+  def prepare(ai: int, kp: int) -> dict:
     """Partition, client statistics over the channel and the server's alignment for alpha index ai."""
     if ai not in cache:
       mask = method.client_masks(config, data, ai)
@@ -55,22 +50,21 @@ def train_and_evaluate(config, workdir: str) -> dict:
       steps, budgets = method.client_steps(config, mask)
       sig = (steps, budgets is not None)
       if sig not in rounds:  # one compiled round per static signature, reused across alphas
-        rounds[sig] = method.make_round(config, mesh, steps, budgets is not None)
+        rounds[sig] = method.make_round(config, steps, budgets is not None)
       cache.clear()
       cache[ai] = dict(mask=mask, al=al, em=em, ec=ec, x=x, y=y, tx=tx, steps=steps, budgets=budgets,
                        floats=channel.floats_sent / k, fn=rounds[sig])
     return cache[ai]
 
-  rep = NamedSharding(mesh, P())
-  state = {"acc": jax.device_put(jnp.zeros((len(alphas), len(taus)), jnp.float32), rep)}
-  shardings = {"acc": rep}
-  weights = method.pad_clients(np.ones((k,), np.float32), kp)
-
-  def step_fn(state, stage):
-    ai, ti = divmod(stage, len(taus))
-    p = prepare(ai)
+  def run_stage(ctx, ai: int, ti: int) -> dict:
+    """One (alpha, tau): local heads on the tau-transported features, one FedAvg, macro accuracy over domains."""
+    kp = method.padded_count(k)   # clients padded to a multiple of the mesh's data axis
+    weights = method.pad_clients(np.ones((k,), np.float32), kp)
+    p = prepare(ai, kp)
     a, b = method.geodesic_maps(p["al"], taus[ti], kp)
-    keys = jax.random.split(jax.random.fold_in(root, stage), kp)
+    keys = jax.random.split(jax.random.fold_in(root, ctx.index), kp)   # ctx.index = ai * len(taus) + ti
+    # eager ops inside the run's mesh leave the keys replicated on it; the round takes them client-sharded
+    keys = jax.device_put(keys, NamedSharding(ctx.mesh, P("data")))
     budgets = method.pad_clients(p["budgets"] if p["budgets"] is not None else np.zeros((k,), np.int32), kp)
     init = head_lib.init_head(p["x"].shape[-1], data["num_classes"], jax.random.fold_in(root, 10_000),
                               config.head.init_scale)
@@ -78,24 +72,23 @@ def train_and_evaluate(config, workdir: str) -> dict:
                   method.pad_clients(p["mask"], kp), a, b, keys, budgets, weights, init,
                   method.pad_clients(p["tx"], kp), method.pad_clients(data["test_y"], kp),
                   method.pad_clients(data["test_mask"], kp))
-    acc = state["acc"].at[ai, ti].set(out["macro"])
     row = {"alpha": alphas[ai], "tau": taus[ti], "eval/macro_acc": out["macro"], "eval/domain_std": out["std"],
            "train/loss": out["loss"], "map/mean_rel_err": p["em"], "map/cov_rel_err": p["ec"],
-           "bary/iterations": p["al"].iterations, "comm/floats_per_client": p["floats"],
-           "data/min_client_n": float(p["mask"].sum(1).min()), "head/local_steps": p["steps"]}
+           "bary/iterations": float(p["al"].iterations), "comm/floats_per_client": float(p["floats"]),
+           "data/min_client_n": float(p["mask"].sum(1).min()), "head/local_steps": float(p["steps"])}
+    per_domain = np.asarray(out["per_domain"])
     for j in range(k):
-      row[f"eval/acc_domain{j}"] = out["per_domain"][j]
-    return {"acc": acc}, row
+      row[f"eval/acc_domain{j}"] = per_domain[j]
+    return row
 
-  run_loop(config, workdir, state, shardings, step_fn, lambda s: s)
-  summary = summarise(metrics.read_metrics(workdir))
-  summary.update(num_clients=k, feature_dim=int(data["train_x"].shape[-1]))
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+  stages = {config_lib.stage_name(alpha, tau): functools.partial(run_stage, ai=ai, ti=ti)
+            for ai, alpha in enumerate(alphas) for ti, tau in enumerate(taus)}
+  return run_stages(config, workdir, stages, summarise=lambda results: summarise([results[n] for n in stages]),
+                    extra_summary=dict(num_clients=k, feature_dim=int(data["train_x"].shape[-1])))
 
 
 def summarise(rows) -> dict:
-  """Claim keys from the stage rows: acc/a<alpha>/t<tau>, std/..., gain/... (vs tau = 0), map/max_rel_err."""
+  """Claim keys from the stages' results (or metrics rows), in stage order: acc/a<alpha>/t<tau>, std/..., gain/... (vs tau = 0), map/max_rel_err."""
   out, errs = {}, []
   for r in rows:
     if "alpha" not in r:

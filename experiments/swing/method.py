@@ -8,17 +8,20 @@ gradients on implicit mat-vecs), and graph-kernel label propagation (scores = K 
 
 from __future__ import annotations
 
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxlab.errors import DataError
+from jaxlab.errors import ConfigError, DataError
 from jaxlab.graphs import grf, igraph, swing
 
 
 def load_points(config, key) -> jax.Array:
   """(N, d) node features from config.data."""
   d = config.data
+  if d.points == "npy" and not d.path:
+    raise ConfigError("config.data.points='npy' needs --config.data.path=POINTS.npy (an (N, d) float array)")
   if d.points == "gaussian":
     return jax.random.normal(key, (d.n, d.dim))
   if d.points == "uniform":
@@ -42,11 +45,11 @@ def f_mod(config) -> np.ndarray:
   return grf.modulation_from_alpha(grf.alpha_coefficients(config.method.kernel, config.method.t_max))
 
 
-def swing_ensemble(config, key, x, g, walks, mesh=None, **over):
+def swing_ensemble(config, key, x, g, walks, **over):
+  """SWING features of every node (under the mesh in context, if any)."""
   m = config.method
   kw = dict(n_walks=walks, t_max=m.t_max, p_halt=m.p_halt, m=m.m, sigma2=m.sigma2, lam=m.lam, impl=m.impl,
-            orthogonal=m.orthogonal, proposal_bandwidth=m.proposal_bandwidth or None,
-            mesh=mesh if mesh is not None and mesh.devices.size > 1 else None)
+            orthogonal=m.orthogonal, proposal_bandwidth=m.proposal_bandwidth or None)
   kw.update(over)
   return swing.swing_features(key, x, g, jnp.asarray(f_mod(config), jnp.float32), **kw)
 

@@ -4,98 +4,96 @@ Launch: python -m jaxlab.main --config experiments/swing/config.py:tiny --workdi
 Expected (tiny, 2 CPU cores, ~1 min per seed): at 32 walks/node SWING's relative Frobenius error is well
 below uniform GRF's and within 3x of the oracle proposal's; the mean of 20 SWING estimates is within 10% of K.
 
-The run is a sequence of stages driven by `jaxlab.train.run_loop` (resumable, one checkpoint per stage):
-stage i < len(walks) evaluates the three estimators at walks[i] walks per node; the next
-`eval.unbiased_seeds` stages accumulate independent SWING estimates (their running mean's error is
-logged); the last stage runs graph-kernel label propagation on sklearn's digits (64-d points).
+The run is a `jaxlab.train.run_stages` sequence (resumable; one checkpoint and one metrics.jsonl row per
+stage): `walks@<w>` for each of method.walks evaluates the three estimators at w walks per node;
+`unbiased@1` ... `unbiased@<eval.unbiased_seeds>` add independent SWING estimates to a running sum (the
+carried state, replicated on the mesh) and record the running mean's error; `downstream` (unless
+downstream.task is "none") runs graph-kernel label propagation on sklearn's digits (64-d points). Stage i
+draws its randomness from fold_in(key(seed), 100 + i). summary.json (written once) flattens the stages'
+results into the claim keys.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxlab import configs, metrics
+from jaxlab import metrics
 from jaxlab import mesh as mesh_lib
 from jaxlab.data import synthetic
 from jaxlab.graphs import grf, igraph
-from jaxlab.train import run_loop
+from jaxlab.train import run_stages
 
-from . import config as config_lib  # noqa: E402  (relative: works for installed and path-loaded experiments)
 from . import method
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """Runs the stages and returns the summary (err/<estimator>@<walks>, unbiased/*, downstream/*)."""
-  config_lib.validate(config)
-  configs.validate(config, num_devices=jax.device_count())
-  mesh = mesh_lib.make_mesh(config.mesh)
   root = jax.random.key(config.seed)
-  x = method.load_points(config, jax.random.fold_in(root, 0))
-  g = method.make_graph(config, x)
-  ev = method.Evaluator(config, g, x, jax.random.fold_in(root, 1))
-  walks = tuple(config.method.walks)
-  nu = config.eval.unbiased_seeds
-  baselines = config.method.baselines and ev.dense
+  with mesh_lib.use_config(config):
+    x = method.load_points(config, jax.random.fold_in(root, 0))
+    g = method.make_graph(config, x)
+    ev = method.Evaluator(config, g, x, jax.random.fold_in(root, 1))
+    baselines = config.method.baselines and ev.dense
 
-  size = ev.n if ev.dense and nu else 1
-  repl = NamedSharding(mesh, P())
-  state = {"ksum": jax.device_put(jnp.zeros((size, size), jnp.float32), repl)}
-  shardings = {"ksum": repl}
+    def stage_key(ctx):   # the key of stage i: fold_in(key(seed), 100 + i)
+      return jax.random.fold_in(root, 100 + ctx.index)
 
-  def step_fn(state, stage):
-    key = jax.random.fold_in(root, 100 + stage)
-    k1, k2 = jax.random.split(key)
-    if stage < len(walks):
-      w = walks[stage]
-      out = {"walks": w, "err/swing": ev.error(ev.estimate(method.swing_ensemble(config, k1, x, g, w, mesh),
-                                                           method.swing_ensemble(config, k2, x, g, w, mesh)))}
+    def errors(ctx, walks):
+      """Relative Frobenius error of SWING (and of uniform GRF and the oracle proposal) at `walks` per node."""
+      k1, k2 = jax.random.split(stage_key(ctx))
+      out = {"walks": walks, "err/swing": ev.error(ev.estimate(method.swing_ensemble(config, k1, x, g, walks),
+                                                               method.swing_ensemble(config, k2, x, g, walks)))}
       if baselines:
         for name in ("uniform", "oracle"):
-          a = method.materialised_ensemble(config, k1, ev.w, w, name)
-          b = method.materialised_ensemble(config, k2, ev.w, w, name)
+          a = method.materialised_ensemble(config, k1, ev.w, walks, name)
+          b = method.materialised_ensemble(config, k2, ev.w, walks, name)
           out[f"err/{name}"] = ev.error(ev.estimate(a, b))
-      return state, out
-    j = stage - len(walks)
-    if j < nu:
+      return out
+
+    def unbiased(ctx, seeds):
+      """One more independent SWING estimate added to the running sum; the error of the mean of `seeds`."""
+      k1, k2 = jax.random.split(stage_key(ctx))
       w = config.eval.unbiased_walks
-      est = ev.estimate(method.swing_ensemble(config, k1, x, g, w, mesh), method.swing_ensemble(config, k2, x, g, w, mesh))
-      ksum = state["ksum"] + jnp.asarray(est, jnp.float32)
-      mean = np.asarray(ksum, np.float64) / (j + 1)
-      return {"ksum": ksum}, {"unbiased/seeds": j + 1, "unbiased/single_err": ev.error(est),
-                              "unbiased/mean_err": ev.error(mean)}
-    return state, downstream(config, key, mesh)
+      est = ev.estimate(method.swing_ensemble(config, k1, x, g, w), method.swing_ensemble(config, k2, x, g, w))
+      ctx.state = {"ksum": ctx.state["ksum"] + jnp.asarray(est, jnp.float32)}
+      mean = np.asarray(ctx.state["ksum"], np.float64) / seeds
+      return {"unbiased/seeds": seeds, "unbiased/single_err": ev.error(est), "unbiased/mean_err": ev.error(mean)}
 
-  run_loop(config, workdir, state, shardings, step_fn, lambda s: s)
-  summary = summarise(metrics.read_metrics(workdir), config)
-  summary.update(n=int(ev.n), dense_eval=bool(ev.dense))
-  metrics.write_json(os.path.join(workdir, "summary.json"), summary)
-  return summary
+    stages = {f"walks@{w}": functools.partial(errors, walks=w) for w in config.method.walks}
+    nu = config.eval.unbiased_seeds
+    stages.update({f"unbiased@{j + 1}": functools.partial(unbiased, seeds=j + 1) for j in range(nu)})
+    if config.downstream.task != "none":
+      stages["downstream"] = lambda ctx: downstream(config, stage_key(ctx))
+    # The running sum has the estimates' shape: dense K_hat (N, N), or K_hat @ probes (N, probes).
+    state = {"ksum": jnp.zeros((ev.n, ev.n if ev.dense else config.eval.probes), jnp.float32)} if nu else None
+    return run_stages(config, workdir, stages, state=state, summarise=summarise,
+                      extra_summary=dict(n=int(ev.n), dense_eval=bool(ev.dense)))
 
 
-def summarise(rows, config) -> dict:
-  """Flattens the stage rows into the claim keys."""
-  out = {}
-  for r in rows:
+def summarise(results) -> dict:
+  """Flattens the stages' results into the claim keys (+ the log-log slope of the running mean's error)."""
+  out, seeds = {}, []
+  for r in results.values():
     if "walks" in r:
       for k, v in r.items():
         if k.startswith("err/"):
           out[f"{k}@{int(r['walks'])}"] = v
     if "unbiased/seeds" in r:
       out["unbiased/mean_err"] = r["unbiased/mean_err"]
+      seeds.append((r["unbiased/seeds"], r["unbiased/mean_err"]))
     out.update({k: v for k, v in r.items() if k.startswith("downstream/")})
-  seeds = [(r["unbiased/seeds"], r["unbiased/mean_err"]) for r in rows if "unbiased/seeds" in r]
   if len(seeds) >= 3:
     s, e = np.log(np.array(seeds, np.float64)).T
     out["unbiased/slope"] = float(np.polyfit(s, e, 1)[0])
   return out
 
 
-def downstream(config, key, mesh) -> dict:
+def downstream(config, key) -> dict:
   """Label propagation on sklearn digits (1797 points in R^64) with exact K, SWING and uniform GRF."""
   ds = config.downstream
   if ds.task != "digits":
@@ -111,8 +109,8 @@ def downstream(config, key, mesh) -> dict:
   g = igraph.normalise(igraph.IGraph("rbf", bandwidth=ds.bandwidth), x, ds.rho)
   k1, k2 = jax.random.split(key)
   over = dict(m=ds.m, sigma2=ds.sigma2)
-  a = method.swing_ensemble(config, k1, x, g, ds.walks, mesh if x.shape[0] % 8 == 0 else None, **over)
-  b = method.swing_ensemble(config, k2, x, g, ds.walks, None, **over)
+  a = method.swing_ensemble(config, k1, x, g, ds.walks, **over)
+  b = method.swing_ensemble(config, k2, x, g, ds.walks, **over)
   out = {"downstream/acc_swing": method.label_propagation(np.asarray(grf.kernel_matvec(a, b, y)), labels, labeled)}
   w = igraph.materialise(g, x)
   k = grf.exact_kernel(np.asarray(w), config.method.kernel)

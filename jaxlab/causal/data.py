@@ -246,9 +246,9 @@ def check_panel(panel: Panel, lags: int, normalise: str = "global") -> None:
       if c:
         raise DataError(f"{panel.source}: column(s) {c} are constant within unit {name!r}, so data.normalise="
                         "'unit' cannot scale them; use data.normalise='global' or drop the unit")
-  total = sum(len(u) - lags for u in panel.units)
-  if total < 2:
-    raise DataError(f"{panel.source}: only {total} window(s) of {lags} lags; need at least 2")
+  if panel.n < 2:
+    raise DataError(f"{panel.source}: {panel.n} variable column ({', '.join(panel.variables)}); causal discovery "
+                    "needs at least 2 variables (one column per variable, a header row)")
 
 
 def read_truth(path: str, variables: Sequence[str]) -> np.ndarray:
@@ -285,6 +285,9 @@ def read_truth(path: str, variables: Sequence[str]) -> np.ndarray:
 # ------------------------------------------------------------------------------------------- windowing
 
 
+MIN_TRAIN_WINDOWS = 10   # fewer training windows than this fit nothing worth reporting
+
+
 def make_windows(panel: Panel, lags: int, normalise: str = "global", val_fraction: float = 0.0) -> Windows:
   """Normalises the panel and cuts it into lag windows that never cross a unit boundary.
 
@@ -304,6 +307,13 @@ def make_windows(panel: Panel, lags: int, normalise: str = "global", val_fractio
     raise DataError(f"normalise={normalise!r}: use one of {NORMALISE}")
   check_panel(panel, lags, normalise)
   n_val = [int(np.floor(val_fraction * (len(u) - lags))) for u in panel.units]
+  total = sum(len(u) - lags for u in panel.units)
+  if total - sum(n_val) < MIN_TRAIN_WINDOWS or (val_fraction > 0 and sum(n_val) < 1):
+    raise DataError(
+        f"{panel.source}: {total} window(s) of {lags} lags give {total - sum(n_val)} for training and {sum(n_val)} "
+        f"for validation (data.val_fraction={val_fraction:g}); need >= {MIN_TRAIN_WINDOWS} for training"
+        f"{' and >= 1 for validation' if val_fraction > 0 else ''}: give longer series or more units, lower "
+        "data.lags, or change data.val_fraction")
   train_rows = [u[: len(u) - nv] for u, nv in zip(panel.units, n_val)]
   if normalise == "global":
     allv = np.concatenate(train_rows, 0)
@@ -382,7 +392,7 @@ def _ar1(rng, t, n, phi):
 def four_mechanisms(rng: np.random.Generator, length: int = 1500, effect_std: float = 0.5, driver_ar: float = 0.5,
                     target_ar: float = 0.3, noise: float = 0.3, burn_in: int = 200,
                     mechanisms: Sequence[str] = tuple(MECHANISMS)) -> dict:
-  """The spec's benchmark: drivers d_k (unit-variance AR(1)) and targets y_k = a y_k,t-1 + s_k f_k(d_k,t-1) + noise.
+  """The four-mechanism benchmark (reconstructed, after arXiv 2605.26408's synthetic study): drivers d_k (unit-variance AR(1)) and targets y_k = a y_k,t-1 + s_k f_k(d_k,t-1) + noise.
 
   Each s_k makes std(s_k f_k(d)) = effect_std under the stationary driver law N(0, 1), so the four true edges
   have equal scalar influence.

@@ -12,7 +12,7 @@ Indicators of a curve f on an increasing grid v (the PD of an edge; all scale-fr
 * `asymmetry`: (slope above the regime cut - slope below) / (|above| + |below|), cut at the grid's middle.
 * `amplitude`: max - min of f.
 
-Label rules, applied in this order (the spec's criteria; the numeric cut-offs are reconstructed):
+Label rules, applied in this order (the paper's mechanism classes, arXiv 2605.26408; the numeric cut-offs are reconstructed):
 
 1. flat: amplitude < `flat_tol` (no effect to classify);
 2. sign-changing: minority >= 0.15 with at least one slope sign change, or |rho| < 0.5;

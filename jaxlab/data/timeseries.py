@@ -25,7 +25,7 @@ _ETT_MONTH_ROWS = {"h": 30 * 24, "m": 30 * 24 * 4}
 def multiscale_series(rng: np.random.Generator, n_series: int, length: int, channels: int,
                       periods: Sequence[float] = (8, 64, 512), amplitude: tuple[float, float] = (0.5, 1.5),
                       rho: float = 0.9, sigma: float = 0.1) -> np.ndarray:
-  """Sums of sinusoids at several periods plus AR(1) noise (the DF-Mamba spec's generator).
+  """Sums of sinusoids at several periods plus AR(1) noise (DF-Mamba's synthetic multi-scale benchmark; reconstructed).
 
   x_t = sum_p a_p sin(2 pi t / p + phi_p) + e_t,  e_t = rho e_{t-1} + sigma eps_t (stationary start),
   with a_p ~ U(amplitude) and phi_p ~ U(0, 2 pi) drawn independently per series, channel and period.
@@ -72,11 +72,14 @@ def read_csv(path: str, columns: Sequence[str] | None = None) -> tuple[np.ndarra
   """
   if not os.path.exists(path):
     raise DataError(f"{path}: no such file (pass --config.data.path=FILE.csv, e.g. ETTh1.csv)")
-  with open(path, newline="") as f:
-    rows = list(csv.reader(f))
+  with open(path, newline="", encoding="utf-8", errors="replace") as f:
+    reader = csv.reader(f)
+    rows = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]   # blank lines skipped
   if len(rows) < 3:
-    raise DataError(f"{path}: needs a header row and at least 2 data rows, got {len(rows)} lines")
-  header = [h.strip() for h in rows[0]]
+    raise DataError(f"{path}: needs a header row and at least 2 data rows, got {len(rows)} non-blank lines")
+  header = [h.strip() for h in rows[0][1]]
+  if any(not h for h in header) or len(set(header)) != len(header):
+    raise DataError(f"{path}, line {rows[0][0]}: the header needs distinct, non-empty column names, got {header}")
   skip_first = header[0].lower() in ("date", "time", "datetime", "timestamp")
   names = header[1:] if skip_first else header
   keep = list(range(1 if skip_first else 0, len(header)))
@@ -86,19 +89,21 @@ def read_csv(path: str, columns: Sequence[str] | None = None) -> tuple[np.ndarra
       raise DataError(f"{path}: unknown columns {missing}; the header has {header}")
     keep = [header.index(c) for c in columns]
     names = list(columns)
+  if not keep:
+    raise DataError(f"{path}: no value columns besides {header[0]!r}")
   values = np.empty((len(rows) - 1, len(keep)), np.float64)
-  for i, row in enumerate(rows[1:]):
+  for i, (line, row) in enumerate(rows[1:]):
     if len(row) != len(header):
-      raise DataError(f"{path}, line {i + 2}: {len(row)} fields, the header has {len(header)}")
+      raise DataError(f"{path}, line {line}: {len(row)} fields, the header has {len(header)}")
     for j, col in enumerate(keep):
       cell = row[col].strip()
       try:
         values[i, j] = float(cell)
       except ValueError:
-        raise DataError(f"{path}, line {i + 2}, column {header[col]!r}: {cell!r} is not a number "
+        raise DataError(f"{path}, line {line}, column {header[col]!r}: {cell!r} is not a number "
                         "(fill or drop missing values first)") from None
       if not np.isfinite(values[i, j]):
-        raise DataError(f"{path}, line {i + 2}, column {header[col]!r}: non-finite value {cell!r}")
+        raise DataError(f"{path}, line {line}, column {header[col]!r}: non-finite value {cell!r}")
   std = values.std(0)
   if np.any(std == 0):
     raise DataError(f"{path}: constant columns {[n for n, s in zip(names, std) if s == 0]} cannot be z-scored; "

@@ -1,6 +1,6 @@
 """Data for one-shot federated experiments: a synthetic multi-domain generator and frozen-feature files.
 
-`gaussian_domains` is the SLOT-Align spec's generator: latent class-conditional Gaussians
+`gaussian_domains` is our synthetic multi-domain benchmark for SLOT-Align (arXiv 2606.16655; reconstructed): latent class-conditional Gaussians
 z | y = c ~ N(mu_c, I), mu_c ~ N(0, class_scale^2 I), seen by domain k through an SPD distortion and a shift,
 x = P_k z + s_k with P_k = Q_k diag(exp(distortion * xi)) Q_k^T (Q_k Haar-orthogonal, xi ~ N(0, I)) and
 s_k ~ N(0, shift^2 I). The generated x plays the role of frozen-encoder features (the encoder is the

@@ -1,6 +1,6 @@
 """Client partitions for federated experiments: one domain per client, with Dirichlet label skew.
 
-SLOT-Align's protocol (official code, `partitioning.py`, as read for the spec): every domain is one client;
+SLOT-Align's protocol (its official code's `partitioning.py`): every domain is one client;
 for each class c a vector p_c ~ Dirichlet(alpha 1_K) over the K clients is drawn and client k keeps the
 fraction p_c[k] of ITS OWN domain's class-c samples. alpha = 0 is the domain-shift-only setting (every client
 keeps its whole domain).

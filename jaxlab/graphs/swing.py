@@ -24,8 +24,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
+from jaxlab import mesh as mesh_lib
 from jaxlab.features import gaussian_omegas, log_positive_features
 from jaxlab.graphs import grf
 from jaxlab.graphs.igraph import IGraph
@@ -97,14 +98,16 @@ def swing_step(graph: IGraph, tables: SwingTables, x_nd: jax.Array, seed: int, *
   return step
 
 
-@functools.partial(jax.jit, static_argnames=("graph", "n_walks", "t_max", "p_halt", "m", "sigma2", "lam",
-                                             "proposal_bandwidth", "impl", "orthogonal", "mesh", "walker_axis"))
 def swing_features(key: jax.Array, x_nd: jax.Array, graph: IGraph, f_mod, *, n_walks: int, t_max: int,
                    p_halt: float, m: int, sigma2: float = 1.0, lam: float = 0.8,
-                   proposal_bandwidth: float | None = None, impl: str = "auto", orthogonal: bool = True,
-                   mesh: Mesh | None = None, walker_axis: str = "data") -> grf.WalkFeatures:
+                   proposal_bandwidth: float | None = None, impl: str = "auto",
+                   orthogonal: bool = True) -> grf.WalkFeatures:
   """SWING GRFs of every node: (N, n_walks, t_max + 1) sparse features, no N x N array anywhere (jitted;
   one compilation per distinct static setting).
+
+  With a multi-device mesh in context (`jaxlab.mesh.use`), the walkers are split over the mesh axes of
+  logical "batch" with `jax.shard_map` when N divides by their size (otherwise they run unsharded); the
+  result is identical to the unsharded run, since all randomness is a function of the walker id.
 
   Args:
     key: PRNG key (features and walks); two independent ensembles need two keys.
@@ -117,31 +120,42 @@ def swing_features(key: jax.Array, x_nd: jax.Array, graph: IGraph, f_mod, *, n_w
     proposal_bandwidth: bandwidth of the Gaussian the proposal linearises (default: the RBF bandwidth,
       or eps / 2 for step graphs).
     impl: kernel impl ("auto", "xla", "pallas", "interpret").
-    mesh: optional mesh; walkers are split over `walker_axis` with `jax.shard_map` (results identical to
-      the unsharded run: all randomness is a function of the walker id).
-    walker_axis: mesh axis for walkers.
   """
+  return _swing_features(key, x_nd, graph, f_mod, n_walks=n_walks, t_max=t_max, p_halt=p_halt, m=m,
+                         sigma2=sigma2, lam=lam, proposal_bandwidth=proposal_bandwidth, impl=impl,
+                         orthogonal=orthogonal, walker_axes=_walker_axes(x_nd.shape[0]))
+
+
+def _walker_axes(n: int) -> str | tuple[str, ...] | None:
+  """Mesh axes (of the context) to split N nodes' walkers over: those of logical "batch" when N divides."""
+  return mesh_lib.dividing_axes("batch", n)
+
+
+@functools.partial(jax.jit, static_argnames=("graph", "n_walks", "t_max", "p_halt", "m", "sigma2", "lam",
+                                             "proposal_bandwidth", "impl", "orthogonal", "walker_axes"))
+def _swing_features(key, x_nd, graph, f_mod, *, n_walks, t_max, p_halt, m, sigma2, lam, proposal_bandwidth,
+                    impl, orthogonal, walker_axes):
   n = x_nd.shape[0]
   k_feat, k_walk, k_seed = jax.random.split(key, 3)
   bw = proposal_bandwidth or (graph.bandwidth if graph.kind == "rbf" else graph.eps / 2.0)
   tables = precompute(k_feat, x_nd, bw, m, sigma2, orthogonal)
   seed = jax.random.bits(k_seed, (), jnp.uint32)
-  step = swing_step(graph, tables, x_nd, seed, lam=lam, p_halt=p_halt, impl=impl)
 
-  def walks(walker_ids):
+  def walks(walker_ids, log_phi, log_s, cdf, x_nd, k_walk, seed, f_mod):
+    t = dataclasses.replace(tables, log_phi=log_phi, log_s=log_s, cdf=cdf)
+    step = swing_step(graph, t, x_nd, seed, lam=lam, p_halt=p_halt, impl=impl)
     return grf.run_walks(k_walk, n, n_walks, t_max, p_halt, f_mod,
                          lambda k, c, l: step(k, c, l, walker_ids), walker_ids=walker_ids)
 
   ids = jnp.arange(n * n_walks, dtype=jnp.int32)
-  if mesh is None or mesh.shape.get(walker_axis, 1) == 1:
-    return walks(ids)
-  split = mesh.shape[walker_axis]
-  if n % split:
-    raise ValueError(f"swing_features: N={n} nodes do not split over {split} devices on mesh axis "
-                     f"'{walker_axis}'; use a node count divisible by {split}")
-  spec = P(walker_axis)
-  out = jax.shard_map(lambda i: dataclasses.astuple(walks(i)), mesh=mesh, in_specs=spec,
-                      out_specs=(spec, spec), check_vma=False)(ids)
+  # Everything the walks read is an explicit (replicated) operand: a shard_map body must not close over
+  # arrays of the auto-sharded outer program.
+  operands = (tables.log_phi, tables.log_s, tables.cdf, x_nd, k_walk, seed, jnp.asarray(f_mod, jnp.float32))
+  if walker_axes is None:
+    return walks(ids, *operands)
+  spec = P(walker_axes)
+  out = jax.shard_map(lambda i, *o: dataclasses.astuple(walks(i, *o)), mesh=mesh_lib.current_mesh(),
+                      in_specs=(spec,) + (P(),) * len(operands), out_specs=(spec, spec), check_vma=False)(ids, *operands)
   return grf.WalkFeatures(*out)
 
 

@@ -21,8 +21,7 @@ from jaxlab.lm.sampler import generate
 from jaxlab.state import ModelDef, create_train_state
 from jaxlab.train.step import make_train_step
 
-RULES = (("batch", "data"), ("embed", "data"), ("mlp", "model"), ("heads", "model"), ("kv", None),
-         ("vocab", "model"))
+RULES = mesh_lib.RULES["fsdp"]
 
 
 def _accelerator() -> bool:

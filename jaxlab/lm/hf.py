@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlab.errors import CheckpointError, ConfigError, require
+from jaxlab.errors import CheckpointError, ConfigError, DataError, require
 from jaxlab.lm.model import Transformer, TransformerConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "OPTForCausalLM")
@@ -63,11 +63,14 @@ def read_hf_config(path: str) -> dict[str, Any]:
   if not os.path.isfile(cfg_path):
     raise CheckpointError(f"{path} has no config.json; pass a local Hugging Face checkpoint directory "
                           "(config.json + *.safetensors)")
+  from jaxlab.data.jsonl import load_json  # pylint: disable=g-import-not-at-top
   try:
-    with open(cfg_path) as f:
-      return json.load(f)
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{cfg_path} is not valid JSON ({e})") from None
+    cfg = load_json(cfg_path)
+  except DataError as e:
+    raise CheckpointError(str(e)) from None
+  if not isinstance(cfg, dict):
+    raise CheckpointError(f"{cfg_path}: expected a JSON object, got {type(cfg).__name__}")
+  return cfg
 
 
 def _architecture(cfg: dict[str, Any], where: str) -> str:
@@ -115,6 +118,28 @@ def config_from_hf(cfg: dict[str, Any] | str, **overrides) -> TransformerConfig:
     where = os.path.join(cfg, "config.json")
     cfg = read_hf_config(cfg)
   arch = _architecture(cfg, where)
+  cfg = RequiredKeys(cfg, where, arch)
+  try:
+    return _config_from_hf(cfg, arch, where, overrides)
+  except (TypeError, ValueError) as e:
+    if isinstance(e, (CheckpointError, ConfigError)):
+      raise
+    raise CheckpointError(f"{where}: a value has the wrong type for a {arch} config ({e})") from None
+
+
+class RequiredKeys(dict):
+  """A checkpoint config whose missing required keys raise a CheckpointError naming the key and the file."""
+
+  def __init__(self, cfg: dict[str, Any], where: str, arch: str):
+    super().__init__(cfg)
+    self.where, self.arch = where, arch
+
+  def __missing__(self, key):
+    raise CheckpointError(f"{self.where} has no '{key}', which a {self.arch} config needs; the checkpoint's "
+                          "config.json is incomplete (compare it with the model's published config.json)")
+
+
+def _config_from_hf(cfg: RequiredKeys, arch: str, where: str, overrides: dict[str, Any]) -> TransformerConfig:
   get = cfg.get
   act = get("hidden_act", get("activation_function", "relu" if arch == "OPTForCausalLM" else "silu"))
   if act not in _ACTS:
@@ -370,7 +395,7 @@ def read_safetensors(path: str) -> dict[str, np.ndarray]:
     except (KeyError, TypeError, ValueError):     # dtypes an older safetensors' numpy backend lacks (BF16)
       out.update(_read_raw(f))
     except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
-      raise CheckpointError(f"cannot read {f}: {e}") from None
+      raise CheckpointError(f"cannot read {f}: {' '.join(str(e).split())}") from None
   return out
 
 
@@ -378,21 +403,35 @@ def _read_raw(file: str) -> dict[str, np.ndarray]:
   """Minimal safetensors reader: u64 little-endian header size, JSON header, raw little-endian data."""
   import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
   try:
+    size = os.path.getsize(file)
     with open(file, "rb") as f:
       n = int.from_bytes(f.read(8), "little")
+      if not 0 < n <= size - 8:
+        raise ValueError(f"header length {n} does not fit the {size}-byte file")
       header = json.loads(f.read(n))
       data = f.read()
   except (OSError, ValueError) as e:
-    raise CheckpointError(f"cannot read {file}: {e}") from None
+    raise CheckpointError(f"cannot read {file}: not a valid safetensors file ({' '.join(str(e).split())})") from None
+  if not isinstance(header, dict):
+    raise CheckpointError(f"cannot read {file}: not a valid safetensors file (the header is not a JSON object)")
   out = {}
   for name, info in header.items():
     if name == "__metadata__":
       continue
-    if info["dtype"] not in _ST_DTYPES:
-      raise CheckpointError(f"{file}: tensor '{name}' has unsupported dtype {info['dtype']}")
-    dt = np.dtype(ml_dtypes.bfloat16) if info["dtype"] == "BF16" else np.dtype(_ST_DTYPES[info["dtype"]])
-    start, end = info["data_offsets"]
-    out[name] = np.frombuffer(data[start:end], dtype=dt.newbyteorder("<")).reshape(info["shape"])
+    try:
+      if info["dtype"] not in _ST_DTYPES:
+        raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']!r}")
+      dt = np.dtype(ml_dtypes.bfloat16) if info["dtype"] == "BF16" else np.dtype(_ST_DTYPES[info["dtype"]])
+      start, end = (int(v) for v in info["data_offsets"])
+      shape = [int(d) for d in info["shape"]]
+      if not 0 <= start <= end <= len(data) or (end - start) != dt.itemsize * int(np.prod(shape)):
+        raise ValueError(f"data_offsets {info['data_offsets']} do not hold a {info['dtype']} tensor of shape {shape}")
+      out[name] = np.frombuffer(data[start:end], dtype=dt.newbyteorder("<")).reshape(shape)
+    except CheckpointError:
+      raise
+    except (KeyError, TypeError, ValueError) as e:
+      raise CheckpointError(f"cannot read {file}: tensor {name!r} has a malformed header entry "
+                            f"({' '.join(str(e).split())})") from None
   return out
 
 

@@ -9,8 +9,9 @@ Interface:
 * `apply_lora(model, rank, alpha, targets, *, rngs)` adds adapters IN PLACE to every linear-like submodule
   whose path matches one of `targets` and returns the model. A linear-like module has an `nnx.Param`
   `kernel` of shape (*in_dims, *out_dims) whose leading `in_ndim` axes contract with the trailing axes of
-  its input (`nnx.Linear`: 1; `nnx.LinearGeneral`: its input axes; the dense layers of `jaxlab.lm.model`:
-  their `n_in`; `nnx.Einsum` "btd,dnh->btnh": 1, "btnh,nhd->btd": 2, pass `in_ndim` for the latter). The
+  its input (`nnx.Linear`: 1; `nnx.LinearGeneral` (the projections of `jaxlab.lm.model`): its input axes; a
+  module with an int attribute `n_in`: that; `nnx.Einsum` "btd,dnh->btnh": 1, "btnh,nhd->btd": 2, pass
+  `in_ndim` for the latter). The
   module keeps its path, class behaviour and parameters (`layers/0/attn/q/kernel` stays where it was); it
   gains `lora_a` (*in_dims, r) and `lora_b` (r, *out_dims) as `nnx.LoRAParam` (a subclass of `nnx.Param`,
   so `jaxlab.state.ModelDef` keeps them with the parameters and checkpoints hold them), annotated with the
@@ -108,8 +109,7 @@ def _is_linear_like(module) -> bool:
 
 
 def _default_in_ndim(module) -> int:
-  """Contracted kernel axes: an `nnx.LinearGeneral`'s input axes, an int `n_in` attribute (as on
-  `jaxlab.lm.model`'s dense layers), else 1."""
+  """Contracted kernel axes: an `nnx.LinearGeneral`'s input axes, an int `n_in` attribute, else 1."""
   if isinstance(module, nnx.LinearGeneral):
     axes = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
     if module.batch_axis or sorted(axes) != list(range(-len(axes), 0)):
@@ -146,8 +146,8 @@ def apply_lora(model: nnx.Module, rank: int, alpha: float, targets: Sequence[str
       ("q", "k", "v", "o", "gate", "up", "down") adapts every projection of a `jaxlab.lm.Transformer`.
     rngs: random streams; `rngs.params()` initialises A.
     in_ndim: number of leading kernel axes contracted with the input, or `(path, module) -> int`. Default:
-      the input axes of an `nnx.LinearGeneral`, the module's int attribute `n_in` when it has one (the dense
-      layers of `jaxlab.lm.model`, e.g. 2 for the attention output (heads, head_dim, hidden)), else 1.
+      the input axes of an `nnx.LinearGeneral` (e.g. 2 for `jaxlab.lm.Transformer`'s attention output
+      (heads, head_dim, hidden)), the module's int attribute `n_in` when it has one, else 1.
     a_init: initializer of A (key, shape, dtype); default normal with std 1/sqrt(fan_in). B is zero.
     dtype: parameter dtype of A and B (default: the kernel's).
 

@@ -34,7 +34,9 @@ empty slots and padding, so a LEFT-PADDED batch gives its pad tokens segment 0 a
 
 Parameters are `param_dtype` (float32 by default) with logical axis names for `jaxlab.mesh` sharding rules
 ("vocab", "embed" = hidden, "mlp" = MLP hidden, "heads" = query heads, "kv" = kv heads); compute runs in
-`dtype`; softmax, norms and RoPE run in float32 and logits are float32.
+`dtype`; softmax, norms and RoPE run in float32 and logits are float32. The layers are the shared ones of
+`jaxlab.nn.layers`: projections are flax `nnx.Linear` / `nnx.LinearGeneral`, embeddings `nnx.Embed`, the
+norms ours (RMSNorm with Hugging Face Llama's rounding, torch-style LayerNorm).
 
 Reconstructed (not fixed by the papers): parameter init N(0, init_std) for every matrix (HF's
 `initializer_range` convention), zero biases, unit norms; the (hidden, heads, head_dim) kernel layout; float32
@@ -52,6 +54,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+from jaxlab.nn import layers
 
 ARCHS = ("llama", "opt")
 ACTIVATIONS = ("silu", "relu", "gelu", "gelu_tanh")
@@ -242,85 +246,29 @@ class KVCache:
 # ----------------------------------------------------------------------------------------------------
 
 
-def _param(init, names: Sequence[str | None], key, shape, dtype) -> nnx.Param:
-  """An `nnx.Param` of `shape`/`dtype` annotated with logical axis `names` (no eager sharding)."""
-  return nnx.Param(nnx.with_partitioning(init, tuple(names))(key, tuple(shape), dtype))
+def _dense(in_shape: Sequence[int], out_shape: Sequence[int], names: Sequence[str | None], use_bias: bool,
+           config: TransformerConfig, rngs: nnx.Rngs):
+  """A flax dense layer (`jaxlab.nn.layers.dense`): kernel (*in_shape, *out_shape) ~ N(0, init_std), zero bias."""
+  return layers.dense(tuple(in_shape), tuple(out_shape), names=names, kernel_init=layers.normal(config.init_std),
+                      use_bias=use_bias, dtype=config.compute_dtype, param_dtype=config.params_dtype, rngs=rngs)
 
 
-class _Dense(nnx.Module):
-  """Linear map contracting the trailing `len(in_shape)` axes; kernel (*in_shape, *out_shape).
+def _norm(config: TransformerConfig):
+  """RMSNorm (llama; Hugging Face rounding) or LayerNorm (opt) of width `hidden`, no PRNG key consumed."""
+  kw = dict(eps=config.norm_eps, dtype=config.compute_dtype, param_dtype=config.params_dtype)
+  if config.arch == "llama":
+    return layers.RMSNorm(config.hidden, round_before_scale=True, **kw)
+  return layers.LayerNorm(config.hidden, **kw)
 
-  Args:
-    in_shape: shape of the contracted input axes.
-    out_shape: shape of the output axes.
-    names: logical names of the kernel axes (len(in_shape) + len(out_shape)).
-    use_bias: add a zero-initialised bias of shape `out_shape` (logical names = the out part of `names`).
-    config: the model config (init std, dtypes).
-    rngs: initialisation randomness (not stored).
+
+def _embed(rows: int, dim: int, names: Sequence[str | None], config: TransformerConfig, rngs: nnx.Rngs):
+  """A flax `nnx.Embed` (rows, dim), init N(0, init_std).
+
+  Lookups return the parameter dtype; the model casts the gathered rows to the compute dtype, so the
+  embedding gradient (a scatter-add over repeated ids) accumulates in the parameter dtype.
   """
-
-  def __init__(self, in_shape: Sequence[int], out_shape: Sequence[int], *, names: Sequence[str | None],
-               use_bias: bool, config: TransformerConfig, rngs: nnx.Rngs):
-    self.n_in = len(in_shape)
-    pdt = config.params_dtype
-    self.kernel = _param(nnx.initializers.normal(config.init_std), names, rngs.params(),
-                         (*in_shape, *out_shape), pdt)
-    self.bias = (_param(nnx.initializers.zeros_init(), names[self.n_in:], None, out_shape, pdt)
-                 if use_bias else None)
-    self.dtype = config.compute_dtype
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """(..., *in_shape) -> (..., *out_shape) in the compute dtype."""
-    k = self.kernel[...].astype(self.dtype)
-    axes = (tuple(range(x.ndim - self.n_in, x.ndim)), tuple(range(self.n_in)))
-    y = jnp.tensordot(x.astype(self.dtype), k, axes=axes)
-    if self.bias is not None:
-      y = y + self.bias[...].astype(self.dtype)
-    return y
-
-
-class _Norm(nnx.Module):
-  """RMSNorm (weight only) or LayerNorm (weight and bias), statistics in float32.
-
-  RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w;  LayerNorm(x) = (x - mean) / sqrt(var + eps) * w + b.
-  Parameters (dim,) with logical name "embed".
-  """
-
-  def __init__(self, dim: int, *, kind: str, config: TransformerConfig):
-    pdt = config.params_dtype
-    self.kind = kind
-    self.weight = _param(nnx.initializers.ones_init(), ("embed",), None, (dim,), pdt)
-    self.bias = _param(nnx.initializers.zeros_init(), ("embed",), None, (dim,), pdt) if kind == "layer" else None
-    self.eps = float(config.norm_eps)
-    self.dtype = config.compute_dtype
-
-  def __call__(self, x: jax.Array) -> jax.Array:
-    """(..., dim) -> (..., dim) in the compute dtype."""
-    x32 = x.astype(jnp.float32)
-    if self.kind == "rms":
-      y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    else:
-      mu = jnp.mean(x32, axis=-1, keepdims=True)
-      var = jnp.mean(jnp.square(x32 - mu), axis=-1, keepdims=True)
-      y = (x32 - mu) * jax.lax.rsqrt(var + self.eps)
-    if self.kind == "rms":
-      # HF Llama/Qwen2 round the normalised x to the compute dtype before the weight multiply.
-      return self.weight[...].astype(self.dtype) * y.astype(self.dtype)
-    return (y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
-
-
-class _Embed(nnx.Module):
-  """Lookup table (rows, dim), init N(0, init_std), logical names `names`."""
-
-  def __init__(self, rows: int, dim: int, *, names: Sequence[str | None], config: TransformerConfig,
-               rngs: nnx.Rngs):
-    self.embedding = _param(nnx.initializers.normal(config.init_std), names, rngs.params(), (rows, dim),
-                            config.params_dtype)
-    self.dtype = config.compute_dtype
-
-  def __call__(self, ids: jax.Array, mode: str | None = None) -> jax.Array:
-    """Integer ids (...) -> (..., dim) in the compute dtype."""
-    return jnp.take(self.embedding[...], ids, axis=0, mode=mode).astype(self.dtype)
+  return layers.embed(rows, dim, names=names, init=layers.normal(config.init_std), dtype=config.params_dtype,
+                      param_dtype=config.params_dtype, rngs=rngs)
 
 
 def rope_frequencies(config: TransformerConfig) -> np.ndarray:
@@ -413,14 +361,10 @@ class Attention(nnx.Module):
     self.rope = c.arch == "llama"
     # cuDNN's fused attention takes 16-bit inputs only; other dtypes use the einsum path.
     self.use_cudnn = c.attention == "cudnn" and c.compute_dtype in (jnp.dtype("bfloat16"), jnp.dtype("float16"))
-    self.q = _Dense((c.hidden,), (c.n_heads, c.head_dim), names=("embed", "heads", None), use_bias=c.qkv_bias,
-                    config=c, rngs=rngs)
-    self.k = _Dense((c.hidden,), (c.n_kv_heads, c.head_dim), names=("embed", "kv", None), use_bias=c.qkv_bias,
-                    config=c, rngs=rngs)
-    self.v = _Dense((c.hidden,), (c.n_kv_heads, c.head_dim), names=("embed", "kv", None), use_bias=c.qkv_bias,
-                    config=c, rngs=rngs)
-    self.o = _Dense((c.n_heads, c.head_dim), (c.hidden,), names=("heads", None, "embed"), use_bias=c.o_bias,
-                    config=c, rngs=rngs)
+    self.q = _dense((c.hidden,), (c.n_heads, c.head_dim), ("embed", "heads", None), c.qkv_bias, c, rngs)
+    self.k = _dense((c.hidden,), (c.n_kv_heads, c.head_dim), ("embed", "kv", None), c.qkv_bias, c, rngs)
+    self.v = _dense((c.hidden,), (c.n_kv_heads, c.head_dim), ("embed", "kv", None), c.qkv_bias, c, rngs)
+    self.o = _dense((c.n_heads, c.head_dim), (c.hidden,), ("heads", None, "embed"), c.o_bias, c, rngs)
 
   def __call__(self, x_bld, rope, mask_bls, *, causal_only: bool = False, cache=None, layer: int = 0,
                cache_index=None):
@@ -472,10 +416,10 @@ class MLP(nnx.Module):
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     c = config
-    kw = dict(use_bias=c.mlp_bias, config=c, rngs=rngs)
-    self.gate = _Dense((c.hidden,), (c.mlp_hidden,), names=("embed", "mlp"), **kw) if c.arch == "llama" else None
-    self.up = _Dense((c.hidden,), (c.mlp_hidden,), names=("embed", "mlp"), **kw)
-    self.down = _Dense((c.mlp_hidden,), (c.hidden,), names=("mlp", "embed"), **kw)
+    gated = c.arch == "llama"
+    self.gate = _dense((c.hidden,), (c.mlp_hidden,), ("embed", "mlp"), c.mlp_bias, c, rngs) if gated else None
+    self.up = _dense((c.hidden,), (c.mlp_hidden,), ("embed", "mlp"), c.mlp_bias, c, rngs)
+    self.down = _dense((c.mlp_hidden,), (c.hidden,), ("mlp", "embed"), c.mlp_bias, c, rngs)
     self.activation = c.activation
 
   def __call__(self, x_bld: jax.Array) -> jax.Array:
@@ -494,11 +438,10 @@ class Block(nnx.Module):
   """
 
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
-    kind = "rms" if config.arch == "llama" else "layer"
     self.pre_norm = config.arch == "llama" or config.do_layer_norm_before
-    self.attn_norm = _Norm(config.hidden, kind=kind, config=config)
+    self.attn_norm = _norm(config)
     self.attn = Attention(config, rngs=rngs)
-    self.mlp_norm = _Norm(config.hidden, kind=kind, config=config)
+    self.mlp_norm = _norm(config)
     self.mlp = MLP(config, rngs=rngs)
 
   def __call__(self, h_bld, rope, mask_bls, *, causal_only=False, cache=None, layer=0, cache_index=None):
@@ -543,20 +486,17 @@ class Transformer(nnx.Module):
     c = config
     self.config = c
     with nnx.use_eager_sharding(False):    # logical names are mapped to a mesh by jaxlab.state
-      self.embed = _Embed(c.vocab_size, c.word_embed_proj_dim, names=("vocab", "embed"), config=c, rngs=rngs)
+      self.embed = _embed(c.vocab_size, c.word_embed_proj_dim, ("vocab", "embed"), c, rngs)
       opt = c.arch == "opt"
-      self.pos_embed = (_Embed(c.max_position + c.pos_offset, c.hidden, names=(None, "embed"), config=c, rngs=rngs)
-                        if opt else None)
+      self.pos_embed = _embed(c.max_position + c.pos_offset, c.hidden, (None, "embed"), c, rngs) if opt else None
       proj = opt and c.word_embed_proj_dim != c.hidden
-      self.project_in = (_Dense((c.word_embed_proj_dim,), (c.hidden,), names=(None, "embed"), use_bias=False,
-                                config=c, rngs=rngs) if proj else None)
-      self.project_out = (_Dense((c.hidden,), (c.word_embed_proj_dim,), names=("embed", None), use_bias=False,
-                                 config=c, rngs=rngs) if proj else None)
+      width = c.word_embed_proj_dim
+      self.project_in = _dense((width,), (c.hidden,), (None, "embed"), False, c, rngs) if proj else None
+      self.project_out = _dense((c.hidden,), (width,), ("embed", None), False, c, rngs) if proj else None
       self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.n_layers)])
-      self.final_norm = (_Norm(c.hidden, kind="rms" if not opt else "layer", config=c) if c.final_norm else None)
-      self.lm_head = (None if c.tie_embeddings else
-                      _Dense((c.hidden,), (c.vocab_size,), names=("embed", "vocab"), use_bias=False, config=c,
-                             rngs=rngs))
+      self.final_norm = _norm(c) if c.final_norm else None
+      self.lm_head = None if c.tie_embeddings else _dense((c.hidden,), (c.vocab_size,), ("embed", "vocab"), False, c,
+                                                          rngs)
 
   # -- cache -------------------------------------------------------------------------------------------
 
@@ -626,11 +566,12 @@ class Transformer(nnx.Module):
       q_slot = cache_index + jnp.arange(l)
       k_slot = jnp.arange(cache.max_len)
       mask = (k_slot[None, None, :] <= q_slot[None, :, None]) & (cache_seg[:, None, :] == seg[:, :, None])
-    h = self.embed(tokens_bl)
+    h = self.embed(tokens_bl).astype(c.compute_dtype)
     if self.project_in is not None:
       h = self.project_in(h)
     if self.pos_embed is not None:
-      h = h + self.pos_embed(pos + c.pos_offset, mode="clip")
+      rows = c.max_position + c.pos_offset          # positions past the table read its last row
+      h = h + self.pos_embed(jnp.clip(pos + c.pos_offset, 0, rows - 1)).astype(c.compute_dtype)
     rope = _rope_tables(pos, c) if c.arch == "llama" else None
     if cache is None:
       causal_only = seg is None

@@ -21,11 +21,17 @@ the stop token; `logprobs` are the log-probabilities of the chosen tokens under 
 distribution log_softmax(logits) (no temperature or filtering), 0 at padding. The loop runs one forward
 after the last chosen token (its logits are unused), so the cache needs longest prompt + max_new_tokens
 slots.
+
+Sharding: the sampler reads the mesh and rules from the context (`jaxlab.mesh.use`). On a multi-device
+mesh the batch is split over the mesh axes of logical "batch" (a batch that does not divide is padded
+with copies of its last prompt, whose results are dropped) and parameters not yet on the mesh are placed
+by their logical axis names. Rows are independent and the sampling noise of a row depends only on its
+index, so the result equals the single-device one. Without a mesh, or on one device, nothing is placed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import flax
 import jax
@@ -36,8 +42,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxlab import mesh as mesh_lib
 from jaxlab.lm.model import Transformer
-
-_DEFAULT_RULES = (("batch", "data"),)
 
 
 @flax.struct.dataclass
@@ -87,8 +91,7 @@ def _as_batch(prompts, prompt_lengths) -> tuple[np.ndarray, np.ndarray]:
 def generate(model: Transformer, prompts: Sequence[Sequence[int]] | np.ndarray | jax.Array,
              max_new_tokens: int, *, prompt_lengths: Sequence[int] | np.ndarray | None = None,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, stop_tokens: Sequence[int] = (),
-             pad_id: int = 0, key: jax.Array | None = None, max_len: int | None = None, mesh: Mesh | None = None,
-             rules: Sequence[Sequence[Any]] | None = None) -> SampleOutput:
+             pad_id: int = 0, key: jax.Array | None = None, max_len: int | None = None) -> SampleOutput:
   """Samples continuations of a batch of prompts with a KV cache (prefill + jitted while-loop decode).
 
   Args:
@@ -104,10 +107,6 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]] | np.ndarray |
     pad_id: id written to the prompt padding and after each sequence's stop token.
     key: PRNG key, required when temperature > 0; step i uses fold_in(key, i).
     max_len: KV-cache slots per sequence (default: longest prompt + max_new_tokens).
-    mesh: shard the batch over the mesh axes of logical "batch" (`rules`, default "data"); the batch must
-      divide over them. Parameters already on this mesh keep their sharding; others are placed by `rules`
-      when given (their logical names, e.g. heads over "model"), else replicated.
-    rules: logical-to-mesh sharding rules (`config.sharding_rules`), used with `mesh`.
 
   Returns:
     `SampleOutput` with tokens (batch, max_new_tokens) int32, lengths (batch,) int32, logprobs
@@ -115,7 +114,7 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]] | np.ndarray |
 
   Raises:
     ValueError: bad prompts or settings, a prompt + max_new_tokens longer than the cache or the model's
-      max_position, a batch that does not split over the mesh, temperature > 0 without a key.
+      max_position, temperature > 0 without a key.
   """
   if not isinstance(model, Transformer):
     raise ValueError(f"generate: model must be a jaxlab.lm.Transformer, got {type(model).__name__}")
@@ -153,37 +152,36 @@ def generate(model: Transformer, prompts: Sequence[Sequence[int]] | np.ndarray |
   stop = np.asarray(list(stop_tokens) or [-1], np.int32)
   key = jax.random.key(0) if key is None else key
   graphdef, state = nnx.split(model)
-  args = [jnp.asarray(left), jnp.asarray(lengths)]
-  if mesh is not None:
-    rules = rules if rules is not None else _DEFAULT_RULES
-    split = mesh_lib.data_split(mesh, rules)
-    if batch % split:
-      raise ValueError(f"generate: batch {batch} does not split over the {split}-way data axes of mesh "
-                       f"{dict(mesh.shape)}; use a multiple of {split} prompts")
-    state = _place_state(state, mesh, rules if rules is not _DEFAULT_RULES else None)
-    bsh = mesh_lib.batch_sharding(mesh, rules)
-    args = [jax.device_put(a, bsh) for a in args]
-    batch_spec = mesh_lib.batch_spec(rules, mesh)
+  mesh = mesh_lib.current_mesh()
+  mesh = mesh if isinstance(mesh, Mesh) and mesh_lib.multi_device(mesh) else None
+  if mesh is None:
+    batch_spec, args = None, [jnp.asarray(left), jnp.asarray(lengths)]
   else:
-    batch_spec = None
+    extra = -batch % mesh_lib.data_split(mesh)      # pad the batch to a multiple of the data split
+    left = np.concatenate([left, np.repeat(left[-1:], extra, axis=0)])
+    lengths = np.concatenate([lengths, np.repeat(lengths[-1:], extra)])
+    state = _place_state(state, mesh)
+    batch_spec = mesh_lib.batch_spec(mesh=mesh)
+    args = [jax.device_put(a, NamedSharding(mesh, batch_spec)) for a in (left, lengths)]
   out = _generate(graphdef, state, *args, jnp.asarray(stop), jnp.float32(max(float(temperature), 1e-6)),
                   jnp.float32(top_p), key, max_new_tokens=max_new_tokens, max_len=max_len, greedy=bool(greedy),
                   top_k=int(top_k), use_top_p=bool(top_p < 1), pad_id=int(pad_id), mesh=mesh,
                   batch_spec=batch_spec)
+  if out.tokens.shape[0] != batch:
+    out = jax.tree.map(lambda x: x[:batch], out)
   return out
 
 
-def _place_state(state, mesh: Mesh, rules):
-  """Puts model state on `mesh`: leaves already there keep their sharding; others by `rules` or replicated."""
+def _place_state(state, mesh: Mesh):
+  """Puts model state on `mesh`: leaves already there keep their sharding, others go by their logical axis
+  names under the sharding rules in context (replicated where they have none)."""
   specs = nnx.get_partition_spec(state)
 
   def place(x, spec):
     sh = getattr(x, "sharding", None)
     if isinstance(sh, NamedSharding) and sh.mesh == mesh:
       return x
-    if rules is None:
-      return jax.device_put(x, NamedSharding(mesh, P()))
-    mesh_spec = mesh_lib.logical_to_mesh(spec if isinstance(spec, P) else None, rules, mesh)
+    mesh_spec = mesh_lib.logical_to_mesh(spec if isinstance(spec, P) else None, mesh=mesh)
     return jax.device_put(x, NamedSharding(mesh, mesh_spec))
 
   return jax.tree.map(place, state, specs, is_leaf=lambda x: isinstance(x, P))

@@ -267,11 +267,8 @@ def _read_special_config(folder: str) -> tuple[dict[str, str | None], bool]:
     if not os.path.isfile(file):
       continue
     found = True
-    try:
-      with open(file) as f:
-        cfg = json.load(f)
-    except (OSError, ValueError) as e:
-      raise DataError(f"cannot parse {file!r}: {e}") from None
+    from jaxlab.data.jsonl import load_json  # pylint: disable=g-import-not-at-top
+    cfg = load_json(file)
     if not isinstance(cfg, dict):
       raise DataError(f"{file!r} must hold a JSON object")
     for role in ("bos", "eos", "pad"):
@@ -336,3 +333,24 @@ def load_tokenizer(spec: str, *, extra_specials: Sequence[str] = ()) -> ByteToke
   if extra_specials:
     raise DataError("extra_specials only apply to the byte tokenizer; add specials to the tokenizer.json")
   return HFTokenizer.from_file(spec)
+
+
+def check_fits(tokenizer, vocab_size: int, where: str = "the model") -> None:
+  """Refuses a tokenizer whose ids do not all fit a model's embedding table (before any training).
+
+  Out-of-range ids would read past the table (NaN embeddings on most backends) and surface only as a
+  non-finite loss at step 1.
+
+  Args:
+    tokenizer: a `ByteTokenizer` / `HFTokenizer` (anything with `vocab_size`).
+    vocab_size: rows of the model's embedding table (its logits' width).
+    where: the model, for the message (e.g. the checkpoint directory).
+
+  Raises:
+    ConfigError: naming both sizes and the fix.
+  """
+  from jaxlab.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  if tokenizer.vocab_size > vocab_size:
+    raise ConfigError(f"the tokenizer ({tokenizer!r}) has {tokenizer.vocab_size} ids but {where} embeds only "
+                      f"{vocab_size}; use the tokenizer the model was trained with, or a model with "
+                      f"vocab_size >= {tokenizer.vocab_size}")

@@ -1,7 +1,13 @@
-"""Shared Flax NNX modules, grouped by domain (papers add theirs here when a second paper can use them)."""
+"""Shared Flax NNX modules, grouped by domain (papers add theirs here when a second paper can use them).
 
-from jaxlab.nn.mamba import MambaBlock, MambaLayer, MambaLM, RMSNorm
+`jaxlab.nn.layers` holds the building blocks every model here uses (initialisers, logically partitioned
+dense layers, norms, embeddings); `mamba` / `mamba_lm` / `mamba_hf` the Mamba-1 block, LM and checkpoint IO.
+"""
+
+from jaxlab.nn.layers import LayerNorm, RMSNorm
+from jaxlab.nn.mamba import MambaBlock, MambaLayer
+from jaxlab.nn.mamba_lm import MambaLM
 from jaxlab.nn.mlp import MLP
 from jaxlab.nn.multiscale import CoarseGrain, FractalMamba
 
-__all__ = ["CoarseGrain", "FractalMamba", "MLP", "MambaBlock", "MambaLM", "MambaLayer", "RMSNorm"]
+__all__ = ["CoarseGrain", "FractalMamba", "LayerNorm", "MLP", "MambaBlock", "MambaLM", "MambaLayer", "RMSNorm"]

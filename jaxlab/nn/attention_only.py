@@ -8,8 +8,8 @@ causal softmax attention, and a linear read-out:
     logits = A X W_V W_P in R^{T x V}.
 
 All weights are drawn N(0, std^2) with std = `init_std` (the paper's small-init scale eps << 1) or, when
-`init_gamma > 0`, std = d^-gamma (the group's "initialisation rate"). `value_identity=True` fixes W_V = I (the
-spec's default: fewer moving parts). The forward pass is a pure function of a parameter dict so that full-batch
+`init_gamma > 0`, std = d^-gamma (the group's "initialisation rate"). `value_identity=True` fixes W_V = I (our
+default, with fewer moving parts; the predecessor paper, arXiv 2510.06954, trains W_V). The forward pass is a pure function of a parameter dict so that full-batch
 gradient descent can run inside `lax.scan`; `AttentionOnly` is the Flax NNX wrapper.
 """
 

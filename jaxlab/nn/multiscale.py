@@ -3,8 +3,8 @@
 Dynamic Fractal Mamba (ICML 2026) applies ONE Mamba block at every scale of a recursive coarse-graining
 pyramid, with the time step Delta scaled by r^k at level k (one step at level k stands for r^k input steps),
 a learned content-aware coarse-graining between levels, an aggregation of all levels, and auxiliary
-reconstruction and cross-scale consistency losses. Only the abstract is public; the formalisation below
-follows the project's spec (papers/df_mamba.md) and is marked [A] where reconstructed:
+reconstruction and cross-scale consistency losses. Only the abstract is public; the formalisation below is
+our reconstruction (experiments/df_mamba/README.md lists what is confirmed) and is marked [A] where reconstructed:
 
     x^(0) = Embed(input)                                            (b, L, d)
     y^(k) = x^(k) + MambaBlock_theta(RMSNorm(x^(k)); delta_scale = s_k)     SAME theta at every level
@@ -13,7 +13,7 @@ follows the project's spec (papers/df_mamba.md) and is marked [A] where reconstr
     levels k = 0 .. K-1 with K = 1 + log_r(L / min_len): a longer input adds levels, no new parameters.
     pooled_k = pool(y^(k)) ("last" position or "mean"), then one of two aggregations              [A]
       "softmax":  alpha = softmax_k(g . RMSNorm(pooled_k)), features = sum_k alpha_k pooled_k
-                  (the pooled form of the spec's sum_k alpha_k Up_{r^k}(y^(k)))
+                  (the pooled form of sum_k alpha_k Up_{r^k}(y^(k)))
       "top_down": s_K = 0, s_k = RMSNorm(pooled_k) + M s_{k+1} (M shared by all levels), features = s_0
                   (a recursion over levels like the one over scales: extra levels extend it)
     L_rec  = mean_k || Dec_psi(x^(k+1)) - sg(y^(k)) ||^2,  Dec = linear map to r steps        [A]
@@ -32,7 +32,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxlab.nn.mamba import MambaLayer, RMSNorm
+from jaxlab.nn.layers import RMSNorm
+from jaxlab.nn.mamba import MambaLayer
 
 MODES = ("fractal", "no_delta_scale", "flat")
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from jaxlab.errors import DataError
-from jaxlab.lm import sft
+from jaxlab.lm import tasks
 from jaxlab.lm.tokenizer import ByteTokenizer
 
 SPECIALS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -74,7 +74,7 @@ def split(n_train: int, n_eval: int, *, min_digits: int = 1, max_digits: int = 3
     if tries > 100 * need:
       raise DataError(f"only {len(seen)} distinct problems with {min_digits}..{max_digits} digits; asked for {need}")
     da, db = rng.integers(min_digits, max_digits + 1, size=2)
-    pair = (sft.operand(rng, int(da)), sft.operand(rng, int(db)))
+    pair = (tasks.operand(rng, int(da)), tasks.operand(rng, int(db)))
     seen.setdefault(pair, None)
     tries += 1
   pairs = list(seen)

@@ -31,6 +31,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
+from jaxlab import mesh as mesh_lib
 from jaxlab.lm.sft import token_stats
 from jaxlab.posttrain.advantages import ESTIMATORS
 
@@ -226,20 +227,27 @@ def make_grpo_loss_fn(config: GRPOConfig, temperature: float = 1.0):
   return loss_fn
 
 
-def make_logps_fn(modeldef, state_shardings=None, batch_sharding=None, temperature: float = 1.0):
-  """Jitted `(params, model_state, batch) -> (B, T) log-probs` (reference / old-policy passes).
+def make_logps_fn(modeldef, temperature: float = 1.0):
+  """`(params, model_state, batch) -> (B, T) log-probs` (reference / old-policy passes), jitted.
+
+  Parameters keep the shardings they come with. With a multi-device mesh in context (`jaxlab.mesh.use`) a
+  batch whose size divides the data split is put on the mesh's batch sharding first (a no-op when it is
+  there already); otherwise it goes in as given.
 
   Args:
     modeldef: `jaxlab.state.ModelDef` of the policy.
-    state_shardings: optional (params, model_state) shardings, e.g. from `create_train_state`.
-    batch_sharding: optional sharding of the batch dict.
+    temperature: the sampling temperature the log-probs are taken at.
   """
   def fn(params, model_state, batch):
     model = modeldef.merge(params, model_state)
     model.eval()
     return per_token_logps(model, batch["tokens"], batch["positions"], batch["segment_ids"], temperature=temperature)
 
-  if state_shardings is None:
-    return jax.jit(fn)
-  return jax.jit(fn, in_shardings=(state_shardings[0], state_shardings[1], batch_sharding))
+  jitted = jax.jit(fn)
 
+  def logps(params, model_state, batch):
+    rows = len(batch["tokens"])
+    if mesh_lib.multi_device() and rows % mesh_lib.data_split() == 0:
+      batch = jax.device_put(batch, mesh_lib.batch_sharding())
+    return jitted(params, model_state, batch)
+  return logps

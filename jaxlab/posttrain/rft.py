@@ -1,7 +1,7 @@
 """Rejection-sampling fine-tuning (RFT): sample k completions per prompt, keep the rewarded ones as SFT data.
 
-The kept (prompt, completion) pairs are ordinary `jaxlab.lm.sft` records, so the SFT stack trains on them
-(`sft.build_padded` + `jaxlab.train.fit`).
+The kept (prompt, completion) pairs are ordinary `jaxlab.lm.sft_data` records, so the SFT stack trains on them
+(`sft_data.build_padded` + `jaxlab.train.fit`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from jaxlab.lm import sft
+from jaxlab.lm import sft_data
 from jaxlab.posttrain.rewards import RewardFn
 from jaxlab.posttrain.rollout import decode_completion, single_turn
 
@@ -23,7 +23,7 @@ def rejection_sample(model, prompts: Sequence[str], answers: Sequence[str], toke
 
   Args:
     model: a `jaxlab.lm.Transformer` (or a rollout policy callable).
-    prompts: prompt texts (encoded by `sft.encode_prompt`: BOS when the tokenizer has one).
+    prompts: prompt texts (encoded by `sft_data.encode_prompt`: BOS when the tokenizer has one).
     answers: reference answers for `reward_fn`.
     tokenizer: a jaxlab tokenizer (encode/decode, bos_id, eos_id, pad_id).
     reward_fn: `(completions, answers) -> (N,)`.
@@ -40,7 +40,7 @@ def rejection_sample(model, prompts: Sequence[str], answers: Sequence[str], toke
   """
   if len(prompts) != len(answers):
     raise ValueError(f"rejection_sample: {len(prompts)} prompts but {len(answers)} answers")
-  ids = [sft.encode_prompt(p, tokenizer) for p in prompts]
+  ids = [sft_data.encode_prompt(p, tokenizer) for p in prompts]
   roll = single_turn(model, ids, k, key=key, max_new_tokens=max_new_tokens, temperature=temperature,
                      stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
   texts = [decode_completion(tokenizer, g) for g in roll.generated]

@@ -84,13 +84,13 @@ def decode_completion(tokenizer, ids) -> str:
 
 
 def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   stop_tokens: Sequence[int] = (), pad_id: int = 0, bucket: int = 16, mesh=None,
-                   rules=None) -> Policy:
+                   stop_tokens: Sequence[int] = (), pad_id: int = 0, bucket: int = 16) -> Policy:
   """A policy sampling with `jaxlab.lm.generate` (KV cache, jitted while-loop decode).
 
   The KV cache holds the longest context rounded up to a multiple of `bucket`, plus max_new_tokens; the
   prefill is as wide as the longest context, so each distinct longest-context length compiles once.
-  With `mesh`, the batch is sharded over the data axis (it must divide; pad the prompt count accordingly).
+  With a multi-device mesh in context (`jaxlab.mesh.use`), `generate` shards the batch over its data axes
+  (padding a batch that does not divide; see `jaxlab.lm.sampler`).
   """
   from jaxlab.lm.sampler import generate
 
@@ -98,7 +98,7 @@ def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_
     longest = max(len(c) for c in contexts)
     cache = -(-longest // bucket) * bucket + max_new_tokens
     out = generate(model, contexts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                   stop_tokens=stop_tokens, pad_id=pad_id, key=key, mesh=mesh, rules=rules, max_len=cache)
+                   stop_tokens=stop_tokens, pad_id=pad_id, key=key, max_len=cache)
     toks, lens, lps = jax.device_get((out.tokens, out.lengths, out.logprobs))
     return ([[int(t) for t in toks[i, :lens[i]]] for i in range(len(contexts))],
             [np.asarray(lps[i, :lens[i]], np.float32) for i in range(len(contexts))])
@@ -212,19 +212,19 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
 
 def single_turn(model_or_policy: Any, prompts: Sequence[Sequence[int]], num_generations: int, *, key: jax.Array,
                 max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                stop_tokens: Sequence[int] = (), pad_id: int = 0, width: int | None = None, mesh=None,
-                rules=None) -> RolloutBatch:
+                stop_tokens: Sequence[int] = (), pad_id: int = 0, width: int | None = None) -> RolloutBatch:
   """G sampled completions per prompt (one turn): `multi_turn` with max_turns=1.
 
   Args:
     model_or_policy: a `jaxlab.lm.Transformer` (sampled with `sampler_policy`) or a policy callable.
     prompts, num_generations, key, width, pad_id: as in `multi_turn`.
-    max_new_tokens, temperature, top_k, top_p, stop_tokens, mesh, rules: sampling settings (`sampler_policy`).
+    max_new_tokens, temperature, top_k, top_p, stop_tokens: sampling settings (`sampler_policy`; the mesh
+      comes from the context).
   """
   policy = model_or_policy
   if not _is_policy(model_or_policy):
     policy = sampler_policy(model_or_policy, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                            stop_tokens=stop_tokens, pad_id=pad_id, mesh=mesh, rules=rules)
+                            stop_tokens=stop_tokens, pad_id=pad_id)
   return multi_turn(policy, prompts, num_generations, key=key, max_turns=1, width=width, pad_id=pad_id,
                     stop_tokens=stop_tokens)
 

@@ -1,4 +1,4 @@
-"""Optax optimizers and learning-rate schedules from `config.optimizer`."""
+"""Optax optimizers and learning-rate schedules from a config's optimizer section (`config.train.optimizer`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def make_schedule(opt: ml_collections.ConfigDict, num_steps: int) -> optax.Sched
   """Learning-rate schedule: constant, cosine, warmup_cosine or warmup_constant.
 
   Args:
-    opt: `config.optimizer` (learning_rate, schedule, warmup_steps, end_lr_ratio).
+    opt: `config.train.optimizer` (learning_rate, schedule, warmup_steps, end_lr_ratio).
     num_steps: total steps of the run (cosine decays to `end_lr_ratio * learning_rate` at the end).
   """
   lr, warm = opt.learning_rate, opt.warmup_steps
@@ -27,14 +27,14 @@ def make_schedule(opt: ml_collections.ConfigDict, num_steps: int) -> optax.Sched
     return optax.warmup_cosine_decay_schedule(0.0, lr, warm, max(num_steps, warm + 1), end_value=end)
   if opt.schedule == "warmup_constant":
     return optax.join_schedules([optax.linear_schedule(0.0, lr, max(warm, 1)), optax.constant_schedule(lr)], [warm])
-  raise ConfigError(f"config.optimizer.schedule={opt.schedule!r} is unknown")
+  raise ConfigError(f"config.train.optimizer.schedule={opt.schedule!r} is unknown")
 
 
 def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int) -> tuple[optax.GradientTransformation, Callable]:
   """Builds the optax transformation (optional global-norm clipping first) and its schedule.
 
   Args:
-    opt: `config.optimizer` (name in adamw|adam|sgd|lion, learning rate and schedule keys, weight_decay,
+    opt: `config.train.optimizer` (name in adamw|adam|sgd|lion, learning rate and schedule keys, weight_decay,
       b1, b2, eps, momentum, nesterov, clip_norm (0 = off)).
     num_steps: total steps of the run.
 
@@ -53,7 +53,7 @@ def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int) -> tuple[opta
   elif opt.name == "lion":
     tx = optax.lion(schedule, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay)
   else:
-    raise ConfigError(f"config.optimizer.name={opt.name!r} is unknown; use adamw, adam, sgd or lion")
+    raise ConfigError(f"config.train.optimizer.name={opt.name!r} is unknown; use adamw, adam, sgd or lion")
   if opt.clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx)
   return tx, schedule

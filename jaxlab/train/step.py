@@ -2,9 +2,12 @@
 
 `loss_fn(model, batch, key) -> (loss, metrics)` is all an experiment writes: the step merges the pure
 param dicts into the NNX module (train mode), differentiates, applies the optax update and returns the new
-state with scalar metrics (`train/loss`, `train/grad_norm`, `train/lr`, and `train/<name>` for each metric
-the loss returns). Experiments with non-gradient updates write their own step with the same signature
-`(state, batch) -> (state, metrics)` and hand it to `jaxlab.train.loop.run_loop`.
+state with metrics (`train/loss`, `train/grad_norm`, `train/lr`, and `train/<name>` for each metric the loss
+returns). The loss and its metrics are means over units; the reserved metric `"weight"` says how many (e.g.
+the loss tokens of an LM batch; default: the examples in the batch), and they are returned as
+`jaxlab.metrics.Weighted` so the loop averages them over a logging window by weight. Experiments with
+non-gradient updates write their own step with the same signature `(state, batch) -> (state, metrics)` and
+hand it to `jaxlab.train.run_loop`.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxlab.metrics import Weighted
 from jaxlab.state import ModelDef, TrainState
 
 LossFn = Callable[[nnx.Module, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Mapping[str, jax.Array]]]
@@ -48,13 +52,23 @@ def make_train_step(modeldef: ModelDef, loss_fn: LossFn, tx: optax.GradientTrans
     (loss, (metrics, model_state)), grads = jax.value_and_grad(objective, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    out = {"train/loss": loss, "train/grad_norm": optax.global_norm(grads), "train/lr": schedule(state.step)}
-    out.update({f"train/{k}": jnp.asarray(v, jnp.float32) for k, v in metrics.items()})
+    metrics = dict(metrics)
+    weight = metrics.pop("weight", None)
+    weight = jnp.float32(_examples(batch)) if weight is None else jnp.asarray(weight, jnp.float32)
+    out = {"train/loss": Weighted(loss, weight), "train/grad_norm": optax.global_norm(grads),
+           "train/lr": schedule(state.step)}
+    out.update({f"train/{k}": Weighted(jnp.asarray(v, jnp.float32), weight) for k, v in metrics.items()})
     new = state.replace(step=state.step + 1, params=params, model_state=model_state, opt_state=opt_state)
     return new, out
 
   return jax.jit(step, in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, None),
                  donate_argnums=(0,) if donate else ())
+
+
+def _examples(batch) -> int:
+  """Leading (batch) dimension of the first array in a batch pytree (1 for a batch of scalars)."""
+  leaves = [x for x in jax.tree.leaves(batch) if getattr(x, "ndim", 0)]
+  return int(leaves[0].shape[0]) if leaves else 1
 
 
 def make_eval_step(modeldef: ModelDef, eval_fn: EvalFn, state_shardings: TrainState,

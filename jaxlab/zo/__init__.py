@@ -1,6 +1,6 @@
 """Zeroth-order optimisation: MeZO / SPSA, random-mask sparse ZO and CurvZO over parameter pytrees.
 
-Built on the `jaxlab.kernels.zo_perturb` kernel (z regenerated from a counter hash: the seed trick).
+Built on the `jaxlab.kernels.zo_perturb` kernel (z regenerated from a counter-based generator: the seed trick).
 """
 
 from jaxlab.zo.blocks import (BlockLayout, bernoulli_blocks, block_sumsq_z, fixed_budget, make_budget, make_layout,

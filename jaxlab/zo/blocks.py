@@ -189,7 +189,7 @@ def bernoulli_blocks(key: jax.Array, pi: jax.Array) -> jax.Array:
 def block_sumsq_z(layout: BlockLayout, seed, leaf_offsets: Sequence[int]) -> jax.Array:
   """(num_blocks,) sum over each block of z_i^2 for the z that `zo_perturb` draws with `seed`.
 
-  Regenerates z block by block from the counter hash inside one fused reduction: nothing parameter-sized is
+  Regenerates z block by block from the counter-based generator inside one fused reduction: nothing parameter-sized is
   stored. Used for CurvZO's block statistic mean_{i in b} (Delta z_i)^2 = Delta^2 sumsq_b / n_b.
   """
   from jaxlab.kernels.zo_perturb import reference as zref  # pylint: disable=g-import-not-at-top

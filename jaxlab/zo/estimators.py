@@ -35,7 +35,10 @@ def perturb_params(params: Any, seed, scale, layout: BlockLayout | None = None, 
     layout: block layout of `params` (needed with `block_weights`).
     block_weights: optional (num_blocks,) per-block weights (0 leaves a block untouched).
     leaf_scales: optional per-leaf scales overriding `scale`.
-    shardings: optional pytree of NamedShardings (sharded leaves are perturbed shard by shard).
+    shardings: NamedShardings of the leaves (a pytree like `params`), so sharded leaves are perturbed shard
+      by shard; default: each leaf's own NamedSharding when it is a concrete array. Inside `jax.jit` the
+      leaves are tracers without one: pass the shardings recorded outside (the ZO optimizers record them
+      when built, `jaxlab.zo.optim.param_shardings`).
     impl: zo_perturb impl ("auto" | "xla" | "pallas" | "interpret").
   """
   leaves, treedef = jax.tree_util.tree_flatten(params)

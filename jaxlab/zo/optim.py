@@ -28,6 +28,12 @@ CurvZO (arXiv 2603.21725; see experiments/curvzo/README.md for what is confirmed
 
 with `warmup_steps` dense MeZO steps first (pi = 1; they initialise S). `sparse_zo` is the same step with a
 uniform pi = density (random-mask sparse ZO); `mezo` is the dense step.
+
+Sharded parameters: an optimizer records the NamedSharding of each leaf of the `params` it is built from
+(concrete arrays already placed on the mesh, or ShapeDtypeStructs carrying a sharding), so that inside the
+jitted step every pass perturbs each leaf shard by shard (`jaxlab.kernels.zo_perturb`, bit-identical to the
+unsharded step) and `make_step` keeps the parameters' shardings. Build it from the placed parameters; no
+sharding argument is needed.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 
 from jaxlab.errors import ConfigError
 from jaxlab.zo import blocks as blocks_lib
@@ -73,12 +80,15 @@ class ZOOptimizer:
     init: `seed or key -> ZOState`.
     step: `(loss_fn, params, state, batch) -> (params, state, metrics)`, pure and jittable; two forward passes.
     layout: the block layout (None for MeZO).
+    shardings: NamedShardings of the parameter leaves it was built from (a pytree like the params), or None
+      when they were not placed on a mesh.
     prepare, perturb_pass, finish: the pieces of `step` (`make_step(..., fused=False)` jits them separately).
   """
   name: str
   init: Callable[[Any], ZOState]
   step: Callable[[LossFn, Any, ZOState, Any], tuple[Any, ZOState, dict]]
   layout: blocks_lib.BlockLayout | None
+  shardings: Any = None
   prepare: Callable[[ZOState], dict] | None = None
   perturb_pass: Callable[[Any, dict, float], Any] | None = None
   finish: Callable[..., tuple[Any, ZOState, dict]] | None = None
@@ -87,6 +97,19 @@ class ZOOptimizer:
 def default_decay_mask(params: Any) -> list[bool]:
   """Weight decay on matrices only: MeZO skips biases and LayerNorm weights (here: leaves with ndim < 2)."""
   return [jnp.ndim(x) >= 2 for x in jax.tree_util.tree_leaves(params)]
+
+
+def param_shardings(params: Any) -> Any:
+  """The NamedShardings of the leaves of `params` (a pytree like it) when every leaf has one, else None.
+
+  Concrete arrays placed on a mesh and ShapeDtypeStructs built with `sharding=` have one; host arrays,
+  single-device arrays and plain ShapeDtypeStructs do not.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  shs = [getattr(x, "sharding", None) for x in leaves]
+  if not leaves or not all(isinstance(sh, NamedSharding) for sh in shs):
+    return None
+  return jax.tree_util.tree_unflatten(treedef, shs)
 
 
 def _as_schedule(lr) -> Schedule:
@@ -98,13 +121,14 @@ def _as_schedule(lr) -> Schedule:
 
 
 def _build(name: str, params: Any, *, lr, eps: float, weight_decay: float, decay_mask, block_size, probs_fn,
-           ht: bool, curvature: bool, beta: float, warmup_steps: int, exact_stats: bool, shardings: Any,
-           impl: str, warmup_lr_scale: Any = 1.0) -> ZOOptimizer:
+           ht: bool, curvature: bool, beta: float, warmup_steps: int, exact_stats: bool, impl: str,
+           warmup_lr_scale: Any = 1.0) -> ZOOptimizer:
   if not eps > 0:
     raise ConfigError(f"ZO eps must be positive, got {eps!r}")
   if weight_decay < 0:
     raise ConfigError(f"ZO weight_decay must be >= 0, got {weight_decay!r}")
   schedule = _as_schedule(lr)
+  shardings = param_shardings(params)
   decay = list(decay_mask) if decay_mask is not None else default_decay_mask(params)
   n_leaves = len(jax.tree_util.tree_leaves(params))
   if len(decay) != n_leaves:
@@ -195,30 +219,29 @@ def _build(name: str, params: Any, *, lr, eps: float, weight_decay: float, decay
     ctx = {**ctx, "seed": ctx["seed"] + (l_minus != l_minus).astype(jnp.uint32)}
     return finish(p, state, ctx, l_plus, l_minus)
 
-  return ZOOptimizer(name=name, init=init, step=step, layout=layout, prepare=prepare, perturb_pass=perturb_pass,
-                     finish=finish)
+  return ZOOptimizer(name=name, init=init, step=step, layout=layout, shardings=shardings, prepare=prepare,
+                     perturb_pass=perturb_pass, finish=finish)
 
 
-def mezo(params: Any, *, lr, eps: float = 1e-3, weight_decay: float = 0.0, decay_mask=None, shardings: Any = None,
+def mezo(params: Any, *, lr, eps: float = 1e-3, weight_decay: float = 0.0, decay_mask=None,
          impl: str = "auto") -> ZOOptimizer:
   """MeZO / ZO-SGD (Malladi et al. 2023): dense SPSA, seed trick, MeZO's weight-decay rule.
 
   Args:
-    params: the parameter pytree (or its ShapeDtypeStructs): fixes the leaf order and offsets.
+    params: the parameter pytree (or its ShapeDtypeStructs): fixes the leaf order, offsets and the leaf
+      shardings (see the module docstring).
     lr: learning rate (float) or schedule `step -> lr`.
     eps: perturbation scale.
     weight_decay: decoupled decay, applied as theta - lr (Delta z + wd theta) to `decay_mask` leaves.
     decay_mask: per-leaf bools (flatten order); default: leaves with ndim >= 2.
-    shardings: optional NamedShardings of the parameters.
     impl: zo_perturb impl.
   """
   return _build("mezo", params, lr=lr, eps=eps, weight_decay=weight_decay, decay_mask=decay_mask, block_size=None,
-                probs_fn=None, ht=False, curvature=False, beta=0.0, warmup_steps=0, exact_stats=False,
-                shardings=shardings, impl=impl)
+                probs_fn=None, ht=False, curvature=False, beta=0.0, warmup_steps=0, exact_stats=False, impl=impl)
 
 
 def sparse_zo(params: Any, *, lr, density: float, block_size=1024, eps: float = 1e-3, ht: bool = False,
-              weight_decay: float = 0.0, decay_mask=None, shardings: Any = None, impl: str = "auto") -> ZOOptimizer:
+              weight_decay: float = 0.0, decay_mask=None, impl: str = "auto") -> ZOOptimizer:
   """Random-mask sparse ZO: every block is perturbed with probability `density` (uniform, resampled each step).
 
   With `ht=True` the update is divided by the density (unbiased); the default follows sparse-ZO practice
@@ -230,17 +253,17 @@ def sparse_zo(params: Any, *, lr, density: float, block_size=1024, eps: float = 
   const = jnp.full((layout.num_blocks,), density, jnp.float32)
   return _build("sparse", params, lr=lr, eps=eps, weight_decay=weight_decay, decay_mask=decay_mask,
                 block_size=block_size, probs_fn=lambda state: const, ht=ht, curvature=False, beta=0.0,
-                warmup_steps=0, exact_stats=False, shardings=shardings, impl=impl)
+                warmup_steps=0, exact_stats=False, impl=impl)
 
 
 def curvzo(params: Any, *, lr, block_size=1024, budget_fn: blocks_lib.BudgetFn | None = None, pmin: float = 0.05,
            beta: float = 0.9, warmup_steps: int = 10, ht: bool = True, eps: float = 1e-3, exact_stats: bool = True,
-           weight_decay: float = 0.0, decay_mask=None, shardings: Any = None, impl: str = "auto",
+           weight_decay: float = 0.0, decay_mask=None, impl: str = "auto",
            warmup_lr_scale: float | None = None) -> ZOOptimizer:
   """CurvZO: curvature-guided Bernoulli block masks (see the module docstring).
 
   Args:
-    params: parameter pytree (fixes leaf order, offsets and the block layout).
+    params: parameter pytree (fixes leaf order, offsets, the block layout and the leaf shardings).
     lr: learning rate or schedule.
     block_size: "row" or elements per block.
     budget_fn: `(S, sizes) -> k` expected perturbed coordinates (default `fixed_budget(0.1)`).
@@ -253,7 +276,7 @@ def curvzo(params: Any, *, lr, block_size=1024, budget_fn: blocks_lib.BudgetFn |
     eps: perturbation scale.
     exact_stats: use mean_{i in b} z_i^2 of the drawn z in the block statistic (regenerated, fused); False uses
       its expectation 1 (cheaper on very large models).
-    weight_decay, decay_mask, shardings, impl: as in `mezo`.
+    weight_decay, decay_mask, impl: as in `mezo`.
   """
   if not 0.0 <= pmin <= 1.0:
     raise ConfigError(f"curvzo pmin must be in [0, 1], got {pmin!r}")
@@ -277,12 +300,10 @@ def curvzo(params: Any, *, lr, block_size=1024, budget_fn: blocks_lib.BudgetFn |
     warmup_lr_scale = lambda: budget_fn(jnp.ones_like(sizes), sizes) / layout.dim  # noqa: E731
   return _build("curvzo", params, lr=lr, eps=eps, weight_decay=weight_decay, decay_mask=decay_mask,
                 block_size=block_size, probs_fn=probs, ht=ht, curvature=True, beta=beta,
-                warmup_steps=warmup_steps, exact_stats=exact_stats, shardings=shardings, impl=impl,
-                warmup_lr_scale=warmup_lr_scale)
+                warmup_steps=warmup_steps, exact_stats=exact_stats, impl=impl, warmup_lr_scale=warmup_lr_scale)
 
 
-def make_step(opt: ZOOptimizer, loss_fn: LossFn, *, donate: bool = True, fused: bool = True,
-              param_shardings: Any = None):
+def make_step(opt: ZOOptimizer, loss_fn: LossFn, *, donate: bool = True, fused: bool = True):
   """The optimizer step `(params, state, batch) -> (params, state, metrics)` with params and state donated.
 
   Args:
@@ -295,19 +316,21 @@ def make_step(opt: ZOOptimizer, loss_fn: LossFn, *, donate: bool = True, fused: 
       the step's final value, so inside one program it keeps the perturbed copies of some parameters in
       temporary buffers (about +15% of the parameters on the CPU memory test); the split step updates every
       buffer in place and peaks at a forward pass's memory.
-    param_shardings: optional NamedShardings of the params (kept on output).
+
+  The parameters keep the shardings the optimizer recorded (`opt.shardings`) on output.
 
   Returns:
     The step function; `step.programs` lists the jitted programs (for memory analysis).
   """
-  out_sh = {} if param_shardings is None else {"out_shardings": (param_shardings, None, None)}
+  psh = opt.shardings
+  out_sh = {} if psh is None else {"out_shardings": (psh, None, None)}
   if fused:
     fn = jax.jit(lambda params, state, batch: opt.step(loss_fn, params, state, batch),
                  donate_argnums=(0, 1) if donate else (), **out_sh)
     fn.programs = {"step": fn}
     return fn
   prep = jax.jit(opt.prepare)
-  p_kw = {} if param_shardings is None else {"out_shardings": param_shardings}
+  p_kw = {} if psh is None else {"out_shardings": psh}
   plus = jax.jit(lambda p, ctx: opt.perturb_pass(p, ctx, 1.0), donate_argnums=(0,) if donate else (), **p_kw)
   minus = jax.jit(lambda p, ctx: opt.perturb_pass(p, ctx, -2.0), donate_argnums=(0,) if donate else (), **p_kw)
   loss = jax.jit(lambda p, batch: loss_fn(p, batch).astype(jnp.float32))

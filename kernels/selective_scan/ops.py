@@ -14,6 +14,13 @@ impl:
 Every Pallas path has the same custom VJP: the forward saves chunk-boundary states, the backward
 recomputes the states inside each chunk (no (batch, length, dim, state) tensor is written to HBM).
 
+Sharded inputs: the compiler partitions the XLA impls like any jitted code, but not a Pallas call. So when a
+multi-device mesh is in context (`jaxlab.mesh.use`), a Pallas impl runs per shard inside `jax.shard_map`:
+batch over the mesh axes of logical "batch", channels (d_inner) over those of logical "mlp", under the
+context's sharding rules (a dimension that does not divide stays whole). Channels are independent, so the
+result equals the single-device call. Without a mesh, on one device, or inside a `shard_map`, the kernel is
+called directly.
+
 Backend modules (`kernel`, `kernel_tpu`) implement
 
     forward(u, delta, A, B, C, D, z, delta_bias, *, delta_softplus, block_sizes, interpret, save_residuals)
@@ -32,7 +39,9 @@ import importlib
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
+from jaxlab.kernels import sharding as mesh_lib
 from jaxlab.kernels.selective_scan import reference
 from jaxlab.kernels.selective_scan.kernel import BlockSizes
 
@@ -124,6 +133,11 @@ def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_sof
   if zoh_b:
     raise ValueError(f"selective_scan: zoh_b=True is implemented by impl='xla' and 'associative' only, got "
                      f"impl={impl!r} (the Pallas kernels use Mamba's Euler rule for B)")
+  axes = _shard_axes(u.shape[0], u.shape[-1])
+  if axes is not None:   # inside the shard_map the mesh axes are manual, so this branch is not taken again
+    fn = _per_shard(*axes, bool(return_last_state), delta_softplus=delta_softplus, impl=impl,
+                    block_sizes=block_sizes)
+    return fn(u, delta, A, B, C, D, z, delta_bias)
   module, interpret = _backend(impl)
   bs = block_sizes or BlockSizes()
   dim = u.shape[-1]
@@ -158,32 +172,30 @@ def _bwd(module, softplus, bs, interpret, saved, cts):
 _scan_vjp.defvjp(_fwd, _bwd)
 
 
-def sharded(mesh, *, batch_axis="data", dim_axis="model", **kwargs):
-  """`selective_scan` over arrays sharded on a mesh: batch over `batch_axis`, channels over `dim_axis`.
+def _shard_axes(batch: int, dim: int):
+  """(batch axes, channel axes) of the mesh in context for a Pallas scan, or None to call it directly.
 
-  The Pallas call runs per shard inside `jax.shard_map` (channels are independent, so no communication
-  is needed in the forward; gradients of the replicated B and C are summed over `dim_axis` by shard_map's
-  transpose).
-
-  Args:
-    mesh: a `jax.sharding.Mesh` holding both axes (either may be None to leave that dim unsharded).
-    batch_axis, dim_axis: mesh axis names.
-    **kwargs: keyword arguments of `selective_scan` (delta_softplus, return_last_state, impl, block_sizes,
-      zoh_b).
-
-  Returns:
-    fn(u, delta, A, B, C, D=None, z=None, delta_bias=None) with the semantics of `selective_scan`.
+  The axes are those of logical "batch" and "mlp" (d_inner) under the context's rules; a dimension that does
+  not divide over its axes stays whole. None without a multi-device mesh, when neither dimension is split,
+  or inside a `shard_map` (manual axes: the arrays are already per shard).
   """
-  from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  axes = mesh_lib.dividing_axes("batch", batch), mesh_lib.dividing_axes("mlp", dim)
+  return None if axes == (None, None) else axes
+
+
+def _per_shard(batch_axis, dim_axis, return_last_state, **kwargs):
+  """`selective_scan` run per shard in `jax.shard_map` on the mesh in context.
+
+  Batch is split over `batch_axis`, channels over `dim_axis` (either may be None). Channels are independent,
+  so the forward needs no communication; the gradients of B and C (replicated over `dim_axis`) are summed
+  over its shards by shard_map's transpose.
+  """
   seq, state_seq, chan = P(batch_axis, None, dim_axis), P(batch_axis, None, None), P(dim_axis)
-  last = kwargs.get("return_last_state", False)
-  out_specs = (seq, P(batch_axis, dim_axis, None)) if last else seq
+  out_specs = (seq, P(batch_axis, dim_axis, None)) if return_last_state else seq
 
-  def fn(u, delta, A, B, C, D=None, z=None, delta_bias=None):
-    def local(u, delta, A, B, C, D, z, delta_bias):
-      return selective_scan(u, delta, A, B, C, D, z, delta_bias, **kwargs)
-    in_specs = (seq, seq, P(dim_axis, None), state_seq, state_seq, chan, seq, chan)
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
-                         check_vma=False)(u, delta, A, B, C, D, z, delta_bias)
+  def local(u, delta, A, B, C, D, z, delta_bias):
+    return selective_scan(u, delta, A, B, C, D, z, delta_bias, return_last_state=return_last_state, **kwargs)
 
-  return fn
+  in_specs = (seq, seq, P(dim_axis, None), state_seq, state_seq, chan, seq, chan)
+  return jax.shard_map(local, mesh=mesh_lib.current_mesh(), in_specs=in_specs, out_specs=out_specs,
+                       check_vma=False)

@@ -1,4 +1,4 @@
-"""ZO perturbation `x + scale * w * z` with z regenerated from a counter-based hash: reference and Pallas kernel."""
+"""ZO perturbation `x + scale * w * z` with z regenerated from a counter-based generator (Philox-4x32-10): reference and Pallas kernel."""
 
 from jaxlab.kernels.zo_perturb.kernel import BlockSizes
 from jaxlab.kernels.zo_perturb.ops import IMPLS, leaf_offsets, normal, num_blocks, perturb, perturb_tree

@@ -5,7 +5,7 @@ leaf keeps the rows that are contiguous in the global leaf) plus a (R,) uint32 v
 within-leaf global flat index of each row's first element. A 1-D grid walks (BR, BC) tiles; each program
 
   1. builds the flat index of its tile, rowflat[r] + c, and the 64-bit counters offset + flat,
-  2. hashes them into two uint32 words per element and turns them into z by Box-Muller (no random tensor is
+  2. turns them into two uint32 words per element (Philox-4x32-10) and into z by Box-Muller (no random tensor is
      read from memory: the only HBM traffic is reading and writing x),
   3. with block weights: gathers w[flat // block_size] from the (small, cache-resident) weight vector and, if
      the whole tile has w == 0, returns without touching x at all (a sparse mask costs only its blocks),

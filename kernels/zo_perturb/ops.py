@@ -1,14 +1,17 @@
 """Public ops: `perturb(x, seed, scale, *, mask=None, offset=0, impl="auto")`, `perturb_tree`, `normal`.
 
 impl:
-  "xla"        the pure-JAX reference (`reference.perturb_at`; XLA fuses the hash into one elementwise loop);
+  "xla"        the pure-JAX reference (`reference.perturb_at`; XLA fuses the generator into one elementwise loop);
   "pallas"     the Pallas kernel compiled with Triton (GPU);
   "interpret"  the same kernel under the Pallas interpreter (any backend, e.g. CPU);
   "auto"       "pallas" on GPU, "xla" elsewhere (on TPU too: the kernel uses Triton-only gathers).
 
-Sharded leaves: with `sharding=NamedSharding(mesh, spec)` the op runs inside `jax.shard_map`; each shard
+Sharded leaves: when x is sharded over a multi-device mesh the op runs inside `jax.shard_map`; each shard
 computes the global flat index of its own elements (shard starts from `axis_index`), so it generates exactly
-its slice of the global z: the result is bit-identical to the unsharded call with the same impl.
+its slice of the global z: the result is bit-identical to the unsharded call with the same impl. The
+sharding is x's own when x is a concrete array; inside `jax.jit` x is a tracer without one, so the caller
+passes the NamedSharding it recorded outside (`sharding=`; the ZO optimizers of `jaxlab.zo` record their
+parameters' shardings when they are built).
 
 The 2-D view of a (local) leaf: with j the last sharded dimension (0 when none), rows are the dims before j
 and columns the dims from j on, (R, C) = (prod(shape[:j]), prod(shape[j:])). Columns of one row are then
@@ -130,6 +133,13 @@ def _local(x, seed, scale, weights, *, global_shape, starts, off, block_size, im
   return y2.reshape(x.shape)
 
 
+def _own_sharding(x) -> NamedSharding | None:
+  """x's NamedSharding when x is a concrete array that has one (None for tracers, numpy and other shardings)."""
+  if isinstance(x, jax.core.Tracer) or not isinstance(x, jax.Array):
+    return None
+  return x.sharding if isinstance(x.sharding, NamedSharding) else None
+
+
 def _mesh_axes(entry) -> tuple[str, ...]:
   if entry is None:
     return ()
@@ -151,8 +161,9 @@ def perturb(x, seed, scale, *, mask=None, block_size: int | None = None, offset=
     offset: counter of x's first element (Python int < 2^64 or traced scalar < 2^32); give each leaf of a
       pytree its own range (`perturb_tree` does).
     impl: "auto" | "xla" | "pallas" | "interpret".
-    sharding: x's NamedSharding; when it shards x, the op runs per shard in `jax.shard_map` with the shard's
-      global offsets (identical bits to the unsharded op).
+    sharding: x's NamedSharding (default: x's own when x is a concrete array; give it inside `jax.jit`);
+      when it shards x, the op runs per shard in `jax.shard_map` with the shard's global offsets (identical
+      bits to the unsharded op).
     block_sizes: kernel tiling (Pallas impls).
 
   Returns:
@@ -167,6 +178,8 @@ def perturb(x, seed, scale, *, mask=None, block_size: int | None = None, offset=
   off = ref.split_offset(offset)
   carry = ref.may_carry(offset, x.size)
   weights = None if mask is None else jnp.asarray(mask)
+  if sharding is None:
+    sharding = _own_sharding(x)
   spec = None if sharding is None else sharding.spec
   if spec is None or sharding.mesh.size == 1 or not any(_mesh_axes(e) for e in spec):
     return _local(x, seed, scale, weights, global_shape=x.shape, starts=[0] * x.ndim, off=off,
@@ -208,7 +221,7 @@ def perturb_tree(tree, seed, scale, *, masks=None, block_sizes_per_leaf=None, sh
     seed, scale: as in `perturb` (shared by all leaves).
     masks: optional list (flatten order) of per-leaf block-weight vectors or None entries.
     block_sizes_per_leaf: optional list of per-leaf mask block sizes.
-    shardings: optional pytree of NamedShardings matching `tree` (or None).
+    shardings: optional pytree of NamedShardings matching `tree` (default: each leaf's own; see `perturb`).
     impl, block_sizes: as in `perturb`.
     base_offset: added to every leaf's offset.
 

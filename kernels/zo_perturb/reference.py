@@ -6,21 +6,34 @@ of (seed, counter): element e of a leaf whose first element has counter `offset`
 c = offset + flat(e), where flat(e) is e's row-major index in the (global, unsharded) leaf. Counters are 64-bit
 integers held as two uint32 words (hi, lo); the index inside one leaf must be < 2^32.
 
-Hash (uint32 arithmetic only, so every impl computes the same bits):
+Random words: Philox-4x32-10 (Salmon, Moraes, Dror, Shaw, "Parallel random numbers: as easy as 1, 2, 3",
+SC 2011; the counter-based generator of cuRAND, PyTorch's CUDA generator and Random123), with the 128-bit
+block counter (0, c_lo, 0, c_hi) and the 64-bit key (seed, seed ^ 0x2C1B3C6D) (see `counter_words` for why
+the counter words sit in the xor lanes). Each round maps (c0, c1, c2, c3) to
 
-  mix(h)    = h ^= h >> 16; h *= 0x7FEB352D; h ^= h >> 15; h *= 0x846CA68B; h ^= h >> 16   (a bijection)
-  key(s, hi) = mix(s ^ mix(hi * 0x9E3779B9 + 0x632BE5AB))        one per (seed, high word)
-  key2(k)   = mix(k ^ 0x5851F42D) | 1
-  h1 = mix(lo ^ key),   h2 = (h1 ^ key2) * 0x2C1B3C6D              two 32-bit words per counter
+    (hi(M1 c2) ^ c1 ^ k0, lo(M1 c2), hi(M0 c0) ^ c3 ^ k1, lo(M0 c0)),   M0 = 0xD2511F53, M1 = 0xCD9E8D57
+
+with the key bumped by (0x9E3779B9, 0xBB67AE85) between rounds; hi/lo are the halves of the 64-bit product,
+computed from 16-bit limbs with uint32 arithmetic only (no 64-bit integers), so every impl computes the same
+bits. Of the four output words, w0 and w1 make element e's normal: two independent 32-bit words per normal.
 
 Box-Muller, with floats made by bit assembly (no integer-to-float conversion, which is slow on GPUs):
-f(h) = bitcast_f32(0x3F800000 | (h >> 9)) in [1, 2) holds the top 23 bits of h,
+f(w) = bitcast_f32(0x3F800000 | (w >> 9)) in [1, 2) holds the top 23 bits of w,
 
-  u1 = 2 - f(h1) in (0, 1],   u2 = (h2 >> 7) 2^-25 in [0, 1)
+  u1 = 2 - f(w0) in (0, 1],   u2 = w1 / 2^32 in [0, 1)
   z  = sqrt(-2 log u1) cos(2 pi u2)                                 (|z| <= 5.65)
 
-where the cosine of the angle u2 (in turns) is evaluated from h2's bits by quadrant reduction and a
-polynomial (`cos_turn`: +, * and selects only; a library cosine was the most expensive step).
+where the cosine of the angle u2 (in turns) is evaluated from w1's bits by quadrant reduction and a
+polynomial (`cos_turn`: +, * and selects only; a library cosine was the most expensive step), and the
+logarithm from u1's bits by exponent extraction and a polynomial (`log_unit`: a library logarithm's bits
+depend on how the compiler vectorises it); the square root is IEEE (correctly rounded everywhere).
+
+Rounding: every product that is then added to (the polynomials' Horner steps, the step scale * w * z added to
+x) passes through `rounded`, a select that only turns -0.0 into +0.0. A compiler cannot contract the
+multiply and the add into one fused multiply-add across it, so each product is rounded to the compute dtype
+before the addition on every backend and in every evaluation mode (compiled and fused, eager, the Pallas
+interpreter): XLA's CPU backend contracts a fused multiply-add where the ops share a fusion, which made a
+jitted and an op-by-op evaluation differ by one ulp.
 
 Per-block weights (optional): the flattened leaf is cut into contiguous blocks of `block_size` elements and
 w[b] multiplies the step of block b, which is how a Bernoulli block mask or CurvZO's Horvitz-Thompson weights
@@ -42,42 +55,67 @@ import jax.numpy as jnp
 import numpy as np
 
 U32 = jnp.uint32
-_GOLDEN = 0x9E3779B9
-_M1, _M2, _M3 = 0x7FEB352D, 0x846CA68B, 0x2C1B3C6D
-_HI_SALT, _KEY2_SALT = 0x632BE5AB, 0x5851F42D
+PHILOX_M = (0xD2511F53, 0xCD9E8D57)
+PHILOX_W = (0x9E3779B9, 0xBB67AE85)
+PHILOX_ROUNDS = 10
+KEY_WORD = 0x2C1B3C6D      # the second key word is seed ^ KEY_WORD: separates this stream from other Philox uses
 MAX_LEAF = 2 ** 32
 
 
-def mix32(h):
-  """A 32-bit integer bijection with good avalanche (xor-shift / multiply finaliser); uint32 in and out."""
-  h = h ^ (h >> 16)
-  h = h * U32(_M1)
-  h = h ^ (h >> 15)
-  h = h * U32(_M2)
-  return h ^ (h >> 16)
+def mulhilo(a, b: int):
+  """(high, low) uint32 words of the 64-bit product of uint32 `a` (array) and the constant `b`.
+
+  From 16-bit limbs: a = a1 2^16 + a0, b = b1 2^16 + b0; every partial product fits in 32 bits.
+  """
+  a = jnp.asarray(a, U32)
+  b0, b1 = U32(b & 0xFFFF), U32(b >> 16)
+  a0, a1 = a & U32(0xFFFF), a >> 16
+  p00, p01, p10 = a0 * b0, a0 * b1, a1 * b0
+  mid = (p00 >> 16) + (p01 & U32(0xFFFF)) + (p10 & U32(0xFFFF))
+  hi = a1 * b1 + (p01 >> 16) + (p10 >> 16) + (mid >> 16)
+  return hi, a * U32(b)
 
 
-def stream_key(seed, hi):
-  """uint32 key of a (seed, counter high word) pair (broadcasting)."""
-  hi = jnp.asarray(hi, U32)
-  return mix32(jnp.asarray(seed, U32) ^ mix32(hi * U32(_GOLDEN) + U32(_HI_SALT)))
+def philox4x32(counter, key, rounds: int = PHILOX_ROUNDS):
+  """Philox-4x32 of a 128-bit counter (4 uint32 arrays, broadcasting) under a 64-bit key (2 uint32 words).
+
+  Returns:
+    The four uint32 output words (Random123's philox4x32_R).
+  """
+  c0, c1, c2, c3 = (jnp.asarray(c, U32) for c in counter)
+  k0, k1 = (jnp.asarray(k, U32) for k in key)
+  for r in range(rounds):
+    if r:
+      k0, k1 = k0 + U32(PHILOX_W[0]), k1 + U32(PHILOX_W[1])
+    hi0, lo0 = mulhilo(c0, PHILOX_M[0])
+    hi1, lo1 = mulhilo(c2, PHILOX_M[1])
+    c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+  return c0, c1, c2, c3
 
 
-def second_key(key):
-  """The odd uint32 that decorrelates the second word from the first."""
-  return mix32(jnp.asarray(key, U32) ^ U32(_KEY2_SALT)) | U32(1)
+def counter_words(seed, hi, lo):
+  """(w0, w1): the two words of counter (hi, lo) of stream `seed`.
 
-
-def hash_words(key, key2, lo):
-  """(h1, h2) uint32 words of counter low word `lo` under (key, key2)."""
-  h1 = mix32(jnp.asarray(lo, U32) ^ key)
-  h2 = (h1 ^ key2) * U32(_M3)
-  return h1, h2
+  Philox-4x32-10 of the block counter (0, lo, 0, hi) under the key (seed, seed ^ KEY_WORD). The counter words
+  enter the first round through xors with the key rather than through the multiplies, so every element-sized
+  value depends on the seed from the first round on: a compiler cannot hoist part of z out of the
+  optimizer's passes (which share counters and differ in the seed-derived scale only) into a stored,
+  parameter-sized buffer.
+  """
+  zero = jnp.zeros((), U32)
+  seed = jnp.asarray(seed, U32)
+  w = philox4x32((zero, lo, zero, hi), (seed, seed ^ U32(KEY_WORD)))
+  return w[0], w[1]
 
 
 def unit_float(h):
   """float32 in [1, 2) whose mantissa is the top 23 bits of the uint32 `h` (exact, no conversion)."""
   return jax.lax.bitcast_convert_type((h >> 9) | U32(0x3F800000), jnp.float32)
+
+
+def rounded(p):
+  """`p` with -0.0 turned into +0.0: a select that keeps a product from fusing with the addition after it."""
+  return jnp.where(p == 0, jnp.zeros_like(p), p)
 
 
 # Taylor coefficients of cos in x = b^2 (|error| < 1e-8 on [0, pi/2]).
@@ -89,23 +127,53 @@ def cos_turn(h):
 
   The top two bits pick the quadrant q, the next 23 bits the position t in [0, 1) inside it; with
   b = (pi / 2) t (even q) or (pi / 2)(1 - t) (odd q), cos(2 pi u) = +-cos(b), negative for q in {1, 2}, and
-  cos(b) is a degree-12 polynomial. Exact integer steps and plain float arithmetic, no transcendental call.
+  cos(b) is a degree-12 polynomial (Horner, each product rounded before its addition). Exact integer steps
+  and plain float arithmetic, no transcendental call.
   """
   q = h >> 30
   t = unit_float(h << 2) - 1.0
   t = jnp.where((q & U32(1)) == U32(1), 1.0 - t, t)
   b = (0.5 * math.pi) * t
   x = b * b
-  c = jnp.float32(_COS[-1])
+  c = jnp.full_like(x, _COS[-1])
   for coef in _COS[-2::-1]:
-    c = c * x + jnp.float32(coef)
+    c = rounded(c * x) + jnp.float32(coef)
   return jnp.where(((q + U32(1)) & U32(2)) == U32(2), -c, c)
 
 
-def box_muller(h1, h2):
+# log(1 + f) = f Q(f) on f in [sqrt(1/2) - 1, sqrt(2) - 1]: a Chebyshev fit of degree 9 (max error 3.4e-8 in
+# float32 evaluation, the float32 rounding floor there).
+_LOG1P = (1.0000000000182154, -0.4999998829414175, 0.3333332402364397, -0.2500158512307875, 0.20002071674548172,
+          -0.16609126503821087, 0.14180078722644346, -0.1324084270736458, 0.12914170303831427, -0.0763859239085017)
+_LN2 = 0.6931471805599453
+_SQRT2 = 1.4142135623730951
+
+
+def log_unit(u):
+  """log(u) of a float32 u in (0, 1] with +, -, * and bit operations only (no library logarithm).
+
+  A library log's bits can depend on how the compiler vectorises it (XLA's CPU log differs between short
+  and long arrays), which would make z depend on the array's shape. Here u = 2^e m with m in
+  [sqrt(1/2), sqrt(2)) (from u's bits; exact), and log u = e ln 2 + f Q(f), f = m - 1 (exact), each product
+  rounded before its addition.
+  """
+  bits = jax.lax.bitcast_convert_type(u, U32)
+  e = (bits >> 23).astype(jnp.int32) - 127
+  m = jax.lax.bitcast_convert_type((bits & U32(0x7FFFFF)) | U32(0x3F800000), jnp.float32)   # [1, 2)
+  big = m > _SQRT2
+  m = jnp.where(big, m * 0.5, m)
+  e = e + big.astype(jnp.int32)
+  f = m - 1.0
+  q = jnp.full_like(f, _LOG1P[-1])
+  for coef in _LOG1P[-2::-1]:
+    q = rounded(q * f) + jnp.float32(coef)
+  return rounded(e.astype(jnp.float32) * jnp.float32(_LN2)) + rounded(q * f)
+
+
+def box_muller(w0, w1):
   """A float32 standard normal from two uint32 words: sqrt(-2 log u1) cos(2 pi u2)."""
-  u1 = 2.0 - unit_float(h1)
-  return jnp.sqrt(-2.0 * jnp.log(u1)) * cos_turn(h2)
+  u1 = 2.0 - unit_float(w0)
+  return jnp.sqrt(-2.0 * log_unit(u1)) * cos_turn(w1)
 
 
 def split_offset(offset) -> tuple[jax.Array, jax.Array]:
@@ -121,19 +189,16 @@ def split_offset(offset) -> tuple[jax.Array, jax.Array]:
 def normal_at(seed, off_hi, off_lo, flat, may_carry: bool = True):
   """z at within-leaf flat indices `flat` (uint32 array) for a leaf starting at counter (off_hi, off_lo).
 
-  The 64-bit counter is (off_hi, off_lo) + flat; a carry out of the low word selects the next high word.
+  The 64-bit counter is (off_hi, off_lo) + flat; a carry out of the low word adds one to the high word.
   `may_carry=False` asserts that off_lo + flat never wraps (the result is the same, computed faster).
   """
   seed = jnp.asarray(seed, U32)
-  lo = jnp.asarray(off_lo, U32) + flat
-  k0 = stream_key(seed, off_hi)
-  if not may_carry:
-    return box_muller(*hash_words(k0, second_key(k0), lo))
-  carry = lo < jnp.asarray(off_lo, U32)
-  k1 = stream_key(seed, jnp.asarray(off_hi, U32) + U32(1))
-  key = jnp.where(carry, k1, k0)
-  key2 = jnp.where(carry, second_key(k1), second_key(k0))
-  return box_muller(*hash_words(key, key2, lo))
+  off_lo = jnp.asarray(off_lo, U32)
+  lo = off_lo + flat
+  hi = jnp.asarray(off_hi, U32)
+  if may_carry:
+    hi = hi + (lo < off_lo).astype(U32)
+  return box_muller(*counter_words(seed, hi, lo))
 
 
 def may_carry(offset, size: int) -> bool:
@@ -198,8 +263,9 @@ def perturb_at(x, seed, scale, off_hi, off_lo, flat, mask=None, block_size: int 
 
 
 def apply_step(x, delta):
-  """x + delta, except x itself (bit for bit, also -0.0) where delta == 0 (masked-out blocks, scale 0)."""
-  return jnp.where(delta == 0, x, x + delta)
+  """x + delta (delta rounded first), except x itself (bit for bit, also -0.0) where delta == 0 (masked-out
+  blocks, scale 0)."""
+  return jnp.where(delta == 0, x, x + rounded(delta))
 
 
 def perturb_ref(x, seed, scale, *, mask=None, block_size: int | None = None, offset=0):

@@ -14,7 +14,7 @@ def _write(path, text):
 
 def test_windows_match_manual_loop_and_never_cross_units():
   rng = np.random.default_rng(0)
-  units = [rng.normal(size=(9, 2)), rng.normal(size=(6, 2))]
+  units = [rng.normal(size=(14, 2)), rng.normal(size=(9, 2))]
   p = data.Panel(units, ["a", "b"], ["u0", "u1"], "test")
   w = data.make_windows(p, 3, "none", val_fraction=0.34)
   xs, ys = [], []
@@ -24,8 +24,8 @@ def test_windows_match_manual_loop_and_never_cross_units():
       ys.append(u[t])
   np.testing.assert_allclose(w.x, np.stack(xs), rtol=1e-6)
   np.testing.assert_allclose(w.y, np.stack(ys), rtol=1e-6)
-  assert list(w.unit) == [0] * 6 + [1] * 3
-  assert list(w.val) == [False] * 4 + [True] * 2 + [False] * 2 + [True]   # floor(0.34 * 6) = 2, floor(0.34 * 3) = 1
+  assert list(w.unit) == [0] * 11 + [1] * 6
+  assert list(w.val) == [False] * 8 + [True] * 3 + [False] * 4 + [True] * 2   # floor(0.34 * 11), floor(0.34 * 6)
 
 
 def test_normalisation_uses_training_rows():
@@ -83,6 +83,21 @@ def test_constant_and_short_errors(tmp_path):
     data.make_windows(data.read_panel(h, unit_column="unit"), 1, "unit")
   with pytest.raises(DataError, match="no such file"):
     data.read_panel(str(tmp_path / "missing.csv"))
+
+
+def test_too_few_windows_and_one_column_are_refused(tmp_path):
+  f = _write(tmp_path / "five.csv", "a,b\n1,2\n2,1\n3,3\n1,1\n2,5\n")
+  with pytest.raises(DataError, match=r"2 window\(s\) of 3 lags give 2 for training and 0 for validation.*need >= 10 "
+                                      r"for training and >= 1 for validation"):
+    data.make_windows(data.read_panel(f), 3, val_fraction=0.2)
+  rng = np.random.default_rng(0)
+  p = data.Panel([rng.normal(size=(14, 2))], ["a", "b"], ["u"], "t")
+  with pytest.raises(DataError, match=r"0 for validation"):
+    data.make_windows(p, 3, val_fraction=0.05)                  # floor(0.05 * 11) = 0 validation windows
+  assert data.make_windows(p, 3).x.shape[0] == 11
+  g = _write(tmp_path / "one.csv", "a\n1\n2\n3\n")
+  with pytest.raises(DataError, match=r"1 variable column \(a\); causal discovery needs at least 2 variables"):
+    data.make_windows(data.read_panel(g), 1)
 
 
 def test_truth_files(tmp_path):

@@ -3,11 +3,11 @@
 import pytest
 
 from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single
-from jaxlab import configs, registry
+from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
 
 # 4 chunks of 60 GD steps on 32 sequences: long enough to pass the condensation point.
-SHORT = {"num_steps": 4, "method.chunk": 60, "data.n_seq": 32, "batch_size": 32, "checkpoint_every": 2}
+SHORT = {"method.steps": 240, "method.chunk": 60, "data.n_seq": 32, "train.checkpoint_every": 2}
 
 
 def test_tiny_end_to_end(tmp_path):
@@ -15,6 +15,10 @@ def test_tiny_end_to_end(tmp_path):
   for key in ("cond/share_E", "cond/qk_ratio", "cond/cos_u_pi", "control/share_E", "final/loss"):
     assert key in s
   assert s["cond/qk_ratio"] <= 2.0 and s["final/loss"] < 2.99  # attention still frozen, loss below log(20)
+  assert s["gd_steps"] == 240 and [r["step"] for r in metrics.read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+  # summary.json is written once, with the derived keys (not the loop's own step / train keys)
+  assert metrics.read_json(str(tmp_path / "summary.json")) == metrics.jsonable(s)
+  assert "step" not in s and "train/loss" not in s and "resumes" in s
 
 
 def test_resume(tmp_path):
@@ -23,26 +27,38 @@ def test_resume(tmp_path):
 
 def test_sharded_equals_single_device(tmp_path):
   # The 64 sequences are split over the data axis (4 shards); parameters are replicated.
-  check_sharded_equals_single("focus_dilution", tmp_path, {**SHORT, "num_steps": 2, "method.control": False},
+  check_sharded_equals_single("focus_dilution", tmp_path, {**SHORT, "method.steps": 120, "method.control": False},
                               rtol=1e-4)
 
 
 def test_real_text_pydoc_runs(tmp_path):
   s = check_end_to_end("focus_dilution", tmp_path, {**SHORT, "data.source": "pydoc", "data.vocab": 65,
-                                                    "num_steps": 2, "method.control": False})
+                                                    "method.steps": 120, "method.control": False})
   assert "cond/cos_u_pi" not in s and s["final/loss"] < 4.2  # log(65) = 4.17
 
 
 def _train(tmp_path, overrides):
   exp = registry.load("focus_dilution")
-  c = exp.get_config("tiny")
-  configs.apply_overrides(c, overrides)
+  c = exp.get_config("tiny", overrides)
   return exp.train_module.train_and_evaluate(c, str(tmp_path))
 
 
+def test_steps_alone_set_the_run_length():
+  exp = registry.load("focus_dilution")
+  c = exp.get_config("tiny", {"method.steps": 4000})     # no derived step count to keep in sync
+  assert exp.config_module.num_chunks(c) == 20
+  assert sorted(c.train) == ["async_checkpoint", "checkpoint_every", "keep_checkpoints", "log_every"]
+  c = exp.get_config("tiny")
+  configs.apply_overrides(c, {"method.chunk": 100})
+  assert exp.config_module.num_chunks(c) == 240
+  with pytest.raises(ConfigError, match="multiple of config.method.chunk=200.*--config.method.steps=400"):
+    exp.get_config("tiny", {"method.steps": 500})
+
+
 def test_bad_config_is_a_clear_error(tmp_path):
-  with pytest.raises(ConfigError, match="must equal config.data.n_seq"):
-    _train(tmp_path, {"batch_size": 32})
+  for key in ("num_steps", "batch_size", "train.batch_size"):    # full batch, step count from method.steps
+    with pytest.raises(ConfigError, match="unknown config key"):
+      _train(tmp_path, {key: 32})
   with pytest.raises(ConfigError, match="needs --config.data.path"):
     _train(tmp_path, {"data.source": "file"})
   with pytest.raises(ConfigError, match="use gd or adam"):
@@ -59,4 +75,5 @@ def test_variants_build_and_full_names_the_real_dataset():
     exp.config_module.validate(exp.get_config(v))
   full = exp.get_config("full")
   assert full.data.source == "wikitext" and full.data.tfds_name.startswith("wikitext/")
-  assert full.model.d == 256 and full.data.length == 128 and full.num_steps * full.method.chunk == 50000
+  assert full.model.d == 256 and full.data.length == 128 and full.method.steps == 50000
+  assert exp.config_module.num_chunks(full) == 100

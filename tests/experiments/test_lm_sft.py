@@ -5,12 +5,12 @@ import json
 import pytest
 
 from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single
-from jaxlab import configs, registry
+from jaxlab import registry
 from jaxlab.errors import ConfigError
 
-SHORT = {"num_steps": 20, "log_every": 5, "eval_every": 10, "checkpoint_every": 10, "data.n_train": 512,
-         "data.n_eval": 32, "generate.examples": 16, "generate.batch": 16, "model.hidden": 32,
-         "model.mlp_hidden": 64, "optimizer.warmup_steps": 2}
+SHORT = {"train.num_steps": 20, "train.log_every": 5, "train.eval_every": 10, "train.checkpoint_every": 10,
+         "data.n_train": 512, "data.n_eval": 32, "generate.examples": 16, "generate.batch": 16, "model.hidden": 32,
+         "model.mlp_hidden": 64, "train.optimizer.warmup_steps": 2}
 
 
 def test_tiny_end_to_end(tmp_path):
@@ -24,7 +24,7 @@ def test_resume(tmp_path):
 
 
 def test_sharded_equals_single_device(tmp_path):
-  check_sharded_equals_single("lm_sft", tmp_path, {**SHORT, "num_steps": 10})
+  check_sharded_equals_single("lm_sft", tmp_path, {**SHORT, "train.num_steps": 10})
 
 
 def test_jsonl_input_and_lora(tmp_path):
@@ -37,9 +37,28 @@ def test_jsonl_input_and_lora(tmp_path):
   assert s["num_train_rows"] < 190  # packed: several examples per row
 
 
-def test_bad_config_is_a_clear_error(tmp_path):
+def test_missing_inputs_are_clear_errors_before_anything_is_written(tmp_path):
   exp = registry.load("lm_sft")
-  c = exp.get_config("tiny")
-  configs.apply_overrides(c, {"data.source": "jsonl"})
+  c = exp.get_config("tiny", {"data.source": "jsonl"})        # builds: the file is checked when the run starts
   with pytest.raises(ConfigError, match="needs --config.data.path"):
-    exp.train_module.train_and_evaluate(c, str(tmp_path))
+    exp.train_module.train_and_evaluate(c, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+  exp.get_config("full")                                       # builds without model.hf_path / data.path
+  with pytest.raises(ConfigError, match="reads tokenizer.json from config.model.hf_path"):
+    exp.train_module.train_and_evaluate(exp.get_config("full", {"data.path": "x.jsonl"}), str(tmp_path / "full"))
+
+
+@pytest.mark.parametrize("overrides,msg", [
+    ({"data.source": "csv"}, "data.source"),
+    ({"model.arch": "gpt2"}, "model.arch"),
+    ({"model.hf_path": "/some/dir", "model.lora_rank": 4}, "LoRA on a pretrained checkpoint"),
+    ({"num_steps": 5}, "did you mean 'train.num_steps'"),
+])
+def test_bad_config_values_are_clear_errors(overrides, msg):
+  with pytest.raises(ConfigError, match=msg):
+    registry.load("lm_sft").get_config("tiny", overrides)
+
+
+def test_full_variant_uses_the_fsdp_rules_preset():
+  from jaxlab import mesh
+  assert tuple(map(tuple, registry.load("lm_sft").get_config("full").sharding_rules)) == mesh.RULES["fsdp"]

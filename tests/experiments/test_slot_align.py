@@ -1,15 +1,14 @@
-"""SLOT-Align experiment: end to end (short), resume, sharded == single device, transport, config errors."""
+"""SLOT-Align experiment: end to end (short), resume, sharded == single device, SIGTERM, transport, config errors."""
 
 import numpy as np
 import pytest
 
-from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single
-from jaxlab import configs, registry
+from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single, check_sigterm_resume
+from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError, DataError
 
-# A small, fast version of the tiny variant: fewer samples and local steps, two taus.
-SHORT = {"data.train_per_class": 40, "data.test_per_class": 20, "method.taus": (0.0, 1.0), "head.steps": 40,
-         "num_steps": 4}
+# A small, fast version of the tiny variant: fewer samples and local steps, two taus (2 x 2 = 4 stages).
+SHORT = {"data.train_per_class": 40, "data.test_per_class": 20, "method.taus": (0.0, 1.0), "head.steps": 40}
 
 
 def test_tiny_end_to_end(tmp_path):
@@ -19,6 +18,9 @@ def test_tiny_end_to_end(tmp_path):
   assert s["map/max_rel_err"] < 1e-6
   assert s["comm/floats_per_client"] == 1 + 16 + 16 * 16
   assert s["gain/a0/t1"] == pytest.approx(s["acc/a0/t1"] - s["acc/a0/t0"])
+  assert s["stages"] == ["a0.1/t0", "a0.1/t1", "a0/t0", "a0/t1"]   # alpha-major
+  rows = metrics.read_metrics(str(tmp_path))
+  assert [r["stage"] for r in rows] == s["stages"] and rows[3]["eval/macro_acc"] == s["acc/a0/t1"]
 
 
 def test_resume(tmp_path):
@@ -27,14 +29,18 @@ def test_resume(tmp_path):
 
 def test_sharded_equals_single_device(tmp_path):
   # Clients are stacked on a leading axis sharded over "data" (4 clients on 4 devices vs 1 device).
-  check_sharded_equals_single("slot_align", tmp_path, {**SHORT, "num_steps": 2, "method.alphas": (0.1,)})
+  check_sharded_equals_single("slot_align", tmp_path, {**SHORT, "method.alphas": (0.1,)})
+
+
+def test_sigterm_inside_and_between_stages_resumes(tmp_path):
+  # SIGTERM inside stage 1 (a0.1/t1), then between stages 2 and 3; the resumed runs recompute alpha 0's maps
+  check_sigterm_resume("slot_align", tmp_path, SHORT, inside=1)
 
 
 def test_experiment_clients_send_only_statistics():
   exp = registry.load("slot_align")
   from jaxlab.experiments.slot_align import method
-  c = exp.get_config("tiny")
-  configs.apply_overrides(c, {"data.train_per_class": 20, "data.test_per_class": 5})
+  c = exp.get_config("tiny", {"data.train_per_class": 20, "data.test_per_class": 5})
   data = method.load_domains(c)
   mask = method.client_masks(c, data, 0)
   channel, _, _ = method.communicate(c, data["train_x"], mask)
@@ -63,18 +69,21 @@ def test_pca_option_sends_reduced_statistics():
 
 def test_bad_config_is_a_clear_error(tmp_path):
   exp = registry.load("slot_align")
-  cases = [({"num_steps": 3}, ConfigError, "len\\(alphas\\) \\* len\\(taus\\)"),
-           ({"method.taus": (0.0, 1.5), "num_steps": 4}, ConfigError, "must be in \\[0, 1\\]"),
-           ({"method.alphas": (-0.1,), "num_steps": 6}, ConfigError, ">= 0"),
-           ({"head.epochs": 3}, ConfigError, "exactly one of"),
-           ({"data.source": "features", "data.dataset": "office_home"}, ConfigError, "needs --config.data.path")]
-  for over, err, msg in cases:
-    c = exp.get_config("tiny")
-    configs.apply_overrides(c, over)
-    with pytest.raises(err, match=msg):
-      exp.train_module.train_and_evaluate(c, str(tmp_path / "bad"))
-  c = exp.get_config("full")
-  configs.apply_overrides(c, {"data.path": str(tmp_path / "nope.npz")})
+  cases = [({"method.taus": (0.0, 1.5)}, "must be in \\[0, 1\\]"),
+           ({"method.alphas": (-0.1,)}, ">= 0"),
+           ({"method.taus": (0.0, 0.5, 0.5)}, "method.taus=.* repeats a value"),
+           ({"head.epochs": 3}, "exactly one of"),
+           ({"num_steps": 4}, "unknown config key 'num_steps'")]
+  for over, msg in cases:
+    with pytest.raises(ConfigError, match=msg):
+      exp.get_config("tiny", over)
+  with pytest.raises(ConfigError, match="exactly one of"):   # a finalized config is validated again when changed
+    configs.apply_overrides(exp.get_config("tiny"), {"head.epochs": 3})
+  # the full variant builds without its feature file (a valid config); the run asks for it before any work
+  with pytest.raises(ConfigError, match="needs --config.data.path"):
+    exp.train_module.train_and_evaluate(exp.get_config("full"), str(tmp_path / "nopath"))
+  assert not (tmp_path / "nopath").exists()
+  c = exp.get_config("full", {"data.path": str(tmp_path / "nope.npz")})
   with pytest.raises(DataError, match="not found"):
     exp.train_module.train_and_evaluate(c, str(tmp_path / "full"))
 
@@ -83,7 +92,11 @@ def test_variants_build_and_full_reads_feature_files(tmp_path):
   exp = registry.load("slot_align")
   for v in ("tiny", "small", "full"):
     c = exp.get_config(v)
-    assert c.num_steps == len(c.method.alphas) * len(c.method.taus)
+    assert "train" not in c      # no gradient-training section: the heads are configured in config.head
+  # the stages follow the grid: changing the taus alone is a valid config
+  c = exp.get_config("tiny", {"method.taus": (0.0, 0.5, 1.0)})
+  assert [exp.config_module.stage_name(a, t) for a in c.method.alphas for t in c.method.taus][1:3] == [
+      "a0.1/t0.5", "a0.1/t1"]
   assert exp.get_config("full").data.dataset == "office_home"
   assert len(exp.config_module.sweep()) == 12
   # The full variant's loader on a fake 3-class feature file (4 Office-Home domain names).
@@ -100,7 +113,6 @@ def test_variants_build_and_full_reads_feature_files(tmp_path):
     extract.load_encoder("no_colon", "")
   path = str(tmp_path / "oh.npz")
   np.savez(path, **arrays)
-  c = exp.get_config("full")
-  configs.apply_overrides(c, {"data.path": path})
+  c = exp.get_config("full", {"data.path": path})
   data = method.load_domains(c)
   assert data["train_x"].shape == (4, 14, 6) and data["test_x"].shape == (4, 6, 6)

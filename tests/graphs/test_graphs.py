@@ -116,7 +116,11 @@ def test_swing_sharded_over_walkers_equals_unsharded():
   kw = dict(n_walks=4, t_max=6, p_halt=0.5, m=16, impl="interpret")
   one = swing.swing_features(jax.random.key(3), x, g, np.ones(7), **kw)
   m8 = mesh_lib.make_mesh((("data", 8), ("model", 1)))
-  many = jax.jit(lambda k: swing.swing_features(k, x, g, np.ones(7), mesh=m8, **kw))(jax.random.key(3))
+  fn = jax.jit(lambda k, x: swing.swing_features(k, x, g, np.ones(7), **kw))
+  with mesh_lib.use(m8):
+    assert "shard_map" in str(jax.make_jaxpr(fn)(jax.random.key(3), x))
+    many = fn(jax.random.key(3), x)
+    assert "shard_map" not in str(jax.make_jaxpr(fn)(jax.random.key(3), x[:44]))   # 44 nodes: not split
   np.testing.assert_array_equal(many.nodes, one.nodes)
   np.testing.assert_allclose(many.values, one.values, rtol=1e-5)  # jit vs eager rounding
 

@@ -15,7 +15,6 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxlab import configs
 from jaxlab import mesh as mesh_lib
 from jaxlab.errors import CheckpointError, ConfigError, MissingDependencyError
 from jaxlab.lm import Transformer, TransformerConfig, from_pretrained, save_pretrained
@@ -338,9 +337,8 @@ def test_bfloat16_compute_runs_close_to_float32():
 
 
 def test_sharded_loss_and_update_equal_single_device():
-  """4x2 mesh, FSDP-style rules (embed over data, heads/mlp/vocab over model) == one device (rtol 1e-5)."""
-  default = configs.base_config().sharding_rules
-  rules = (("embed", "data"),) + tuple(r for r in default if r[0] != "embed")
+  """4x2 mesh, FSDP rules (embed over data, heads/mlp/vocab over model) == one device (rtol 1e-5)."""
+  default, rules = mesh_lib.RULES["tensor_parallel"], mesh_lib.RULES["fsdp"]
   cfg = CONFIGS["llama"]
   md = ModelDef(lambda rngs: Transformer(cfg, rngs=rngs))
   tx = optax.sgd(0.5)

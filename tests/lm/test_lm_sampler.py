@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxlab import configs
 from jaxlab import mesh as mesh_lib
 from jaxlab.lm import Transformer, TransformerConfig, generate
 from jaxlab.lm.sampler import filter_logits
@@ -187,17 +186,22 @@ def test_bad_inputs_are_clear_errors():
     generate(model, [[1], []], 2)
   with pytest.raises(ValueError, match="needs key="):
     generate(model, PROMPTS, 2, temperature=0.7)
-  mesh = mesh_lib.make_mesh((("data", 4), ("model", 2)))
-  with pytest.raises(ValueError, match="batch 3 does not split over the 4-way data axes"):
-    generate(model, PROMPTS[:3], 2, mesh=mesh)
 
 
 def test_sharded_generate_equals_single_device():
-  """Batch over "data" (4), parameters by the default rules (heads / mlp / vocab over "model" (2))."""
+  """Mesh in context: batch over "data" (4), parameters by the default rules (heads / mlp / vocab over
+  "model" (2)); a batch that does not divide is padded (greedy and sampled rows unchanged)."""
   mesh = mesh_lib.make_mesh((("data", 4), ("model", 2)))
-  rules = configs.base_config().sharding_rules
-  out = generate(_model("llama"), PROMPTS, N, mesh=mesh, rules=rules)
+  model = _model("llama")
+  sample = dict(temperature=0.9, top_k=8, key=jax.random.key(4))
+  single = generate(model, PROMPTS[:3], N, **sample)
+  with mesh_lib.use(mesh, mesh_lib.RULES["tensor_parallel"]):
+    out = generate(model, PROMPTS, N)
+    odd = generate(model, PROMPTS[:3], N, **sample)
   assert out.tokens.sharding.spec[0] == "data"
   ref = _greedy("llama")
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ref.tokens))
   np.testing.assert_allclose(np.asarray(out.logprobs), np.asarray(ref.logprobs), rtol=1e-5, atol=1e-5)
+  assert odd.tokens.shape == (3, N) and odd.lengths.shape == (3,)
+  np.testing.assert_array_equal(np.asarray(odd.tokens), np.asarray(single.tokens))
+  np.testing.assert_allclose(np.asarray(odd.logprobs), np.asarray(single.logprobs), rtol=1e-5, atol=1e-5)

@@ -14,7 +14,7 @@ from jaxlab import configs
 from jaxlab import mesh as mesh_lib
 from jaxlab.data import ArraySource
 from jaxlab.errors import ConfigError, DataError
-from jaxlab.lm import lora, sft
+from jaxlab.lm import lora, sft, sft_data, tasks
 from jaxlab.lm.tokenizer import ByteTokenizer
 from jaxlab.state import ModelDef, create_train_state
 from jaxlab.train import fit
@@ -69,17 +69,17 @@ def test_read_jsonl_formats(tmp_path):
                                                 {"text": "<obs>out</obs>", "train": False},
                                                 {"text": "done"}]})]
   path.write_text("\n".join(lines) + "\n")
-  exs = sft.read_jsonl(str(path))
+  exs = sft_data.read_jsonl(str(path))
   assert len(exs) == 3
   assert exs[0].prompt == "12+345=" and exs[0].completion == "357"
   assert exs[1].prompt == "system: add\nuser: 1+2\nassistant: " and exs[1].completion == "3\n"
   assert exs[2].spans == (("q", False), ("call()", True), ("<obs>out</obs>", False), ("done", True))
-  ids, train = sft.tokenize(exs[2], TOK)
+  ids, train = sft_data.tokenize(exs[2], TOK)
   assert TOK.decode(ids[train]) == "call()done<|eos|>"
 
 
 @pytest.mark.parametrize("line, match", [
-    ('{"prompt": "a", "completion": "b"', r"d\.jsonl:3: invalid JSON"),
+    ('{"prompt": "a", "completion": "b"', r"d\.jsonl:3:\d+: not valid JSON"),
     ('{"prompt": "a"}', r"d\.jsonl:3: a record needs 'prompt' and 'completion'"),
     ('{"prompt": 1, "completion": "b"}', r"d\.jsonl:3: 'prompt' must be a string"),
     ('{"prompt": "a", "completion": 5}', r"d\.jsonl:3: 'completion' must be a string or a list"),
@@ -91,24 +91,24 @@ def test_read_jsonl_errors_name_the_line(tmp_path, line, match):
   path = tmp_path / "d.jsonl"
   path.write_text(json.dumps(RECORDS[0]) + "\n\n" + line + "\n" + json.dumps(RECORDS[1]) + "\n")
   with pytest.raises(DataError, match=match) as e:
-    sft.read_jsonl(str(path))
+    sft_data.read_jsonl(str(path))
   assert "\n" not in str(e.value)
 
 
 def test_read_jsonl_missing_and_empty(tmp_path):
   with pytest.raises(DataError, match="does not exist"):
-    sft.read_jsonl(str(tmp_path / "nope.jsonl"))
+    sft_data.read_jsonl(str(tmp_path / "nope.jsonl"))
   (tmp_path / "e.jsonl").write_text("\n\n")
   with pytest.raises(DataError, match="no records"):
-    sft.read_jsonl(str(tmp_path / "e.jsonl"))
+    sft_data.read_jsonl(str(tmp_path / "e.jsonl"))
 
 
 # ---------------------------------------------------------------------------------------- padded/packed
 
 def test_padded_rows_mask_exactly_the_completion():
-  arrays = sft.build_padded(RECORDS, TOK, 24)
-  assert set(arrays) == set(sft.KEYS)
-  assert all(arrays[k].dtype == np.int32 for k in sft.KEYS if k != "loss_mask")
+  arrays = sft_data.build_padded(RECORDS, TOK, 24)
+  assert set(arrays) == set(sft_data.KEYS)
+  assert all(arrays[k].dtype == np.int32 for k in sft_data.KEYS if k != "loss_mask")
   assert arrays["loss_mask"].dtype == np.float32 and arrays["inputs"].shape == (4, 24)
   segs = example_rows(arrays)
   assert [r for r, *_ in segs] == [0, 1, 2, 3]
@@ -123,8 +123,8 @@ def test_padded_rows_mask_exactly_the_completion():
 
 
 def test_packed_rows_segments_positions_and_masks():
-  recs = sft.addition_examples(40, min_digits=1, max_digits=4, seed=3) + RECORDS
-  arrays, stats = sft.build_packed(recs, TOK, 32, return_stats=True)
+  recs = tasks.addition_examples(40, min_digits=1, max_digits=4, seed=3) + RECORDS
+  arrays, stats = sft_data.build_packed(recs, TOK, 32, return_stats=True)
   segs = example_rows(arrays)
   assert len(segs) == len(recs) and len(arrays["inputs"]) < len(recs) / 2
   got = sorted(TOK.decode(full) for _, _, full, _ in segs)
@@ -146,7 +146,7 @@ def test_packed_rows_segments_positions_and_masks():
 def test_pack_assignment_fits_and_keeps_every_item():
   rng = np.random.default_rng(0)
   lengths = rng.integers(1, 65, size=500).tolist()
-  rows = sft.pack_assignment(lengths, 64)
+  rows = sft_data.pack_assignment(lengths, 64)
   assert sorted(i for row in rows for i in row) == list(range(500))
   assert all(sum(lengths[i] for i in row) <= 64 for row in rows)
   assert all(row == sorted(row) for row in rows)
@@ -156,12 +156,12 @@ def test_pack_assignment_fits_and_keeps_every_item():
 def test_mask_markers_mask_observations():
   ex = {"prompt": "Q? ", "completion": "think <obs>tool says 4</obs> so 4"}
   for tok in (TOK, ByteTokenizer()):  # markers as special tokens or as plain text
-    ids, train = sft.tokenize(ex, tok, mask_markers=[("<obs>", "</obs>")])
+    ids, train = sft_data.tokenize(ex, tok, mask_markers=[("<obs>", "</obs>")])
     assert tok.decode(ids[train]) == "think  so 4<|eos|>"
-  ids, train = sft.tokenize({"prompt": "Q", "completion": "a<obs>never closed"}, TOK,
+  ids, train = sft_data.tokenize({"prompt": "Q", "completion": "a<obs>never closed"}, TOK,
                             mask_markers=[("<obs>", "</obs>")])
   assert TOK.decode(ids[train]) == "a"  # unclosed: masked to the end, and no EOS target after it
-  rows = sft.build_padded([ex], TOK, 40, mask_markers=[("<obs>", "</obs>")])
+  rows = sft_data.build_padded([ex], TOK, 40, mask_markers=[("<obs>", "</obs>")])
   (_, _, _, trained), = example_rows(rows)
   assert TOK.decode(trained) == "think  so 4<|eos|>"
 
@@ -170,21 +170,21 @@ def test_truncation_policies_and_warning(caplog):
   long = {"prompt": "p" * 20, "completion": "c" * 10}
   recs = [long, RECORDS[1]]
   with caplog.at_level(logging.WARNING, logger="jaxlab"):
-    right, st = sft.build_padded(recs, TOK, 16, truncation="right", return_stats=True)
+    right, st = sft_data.build_padded(recs, TOK, 16, truncation="right", return_stats=True)
   assert st["truncated"] == 1 and "1 of 2 examples" in caplog.text
   (_, _, full, trained), _ = example_rows(right)
   assert TOK.decode(full) == "<|bos|>" + "p" * 16  # completion and EOS cut off: nothing to learn
   assert len(trained) == 0
-  left = sft.build_padded(recs, TOK, 16, truncation="left")
+  left = sft_data.build_padded(recs, TOK, 16, truncation="left")
   (_, _, full, trained), _ = example_rows(left)
   assert TOK.decode(full) == "<|bos|>" + "p" * 5 + "c" * 10 + "<|eos|>"  # BOS kept, prompt start cut
   assert TOK.decode(trained) == "c" * 10 + "<|eos|>"
-  dropped, st = sft.build_packed(recs, TOK, 16, truncation="drop", return_stats=True)
+  dropped, st = sft_data.build_packed(recs, TOK, 16, truncation="drop", return_stats=True)
   assert st["dropped"] == 1 and len(example_rows(dropped)) == 1
   with pytest.raises(DataError, match="example 0 has 32 tokens"):
-    sft.build_padded(recs, TOK, 16, truncation="error")
+    sft_data.build_padded(recs, TOK, 16, truncation="error")
   with pytest.raises(DataError, match="truncation='middle' is unknown"):
-    sft.build_padded(recs, TOK, 16, truncation="middle")
+    sft_data.build_padded(recs, TOK, 16, truncation="middle")
 
 
 # --------------------------------------------------------------------------------------------- loss/eval
@@ -214,7 +214,7 @@ def test_loss_matches_numpy_cross_entropy():
 
 
 def test_masked_positions_get_exactly_zero_gradient():
-  arrays = sft.build_packed(sft.addition_examples(12, seed=1) + RECORDS, TOK, 24)
+  arrays = sft_data.build_packed(tasks.addition_examples(12, seed=1) + RECORDS, TOK, 24)
   masked = arrays["loss_mask"] == 0
   scrambled = dict(arrays, inputs=np.where(masked, (arrays["inputs"] * 7 + 3) % 256, arrays["inputs"]))
   graphdef, params = nnx.split(PositionwiseLM(TOK.vocab_size, 16, 24, nnx.Rngs(0)))
@@ -239,8 +239,19 @@ def test_masked_positions_get_exactly_zero_gradient():
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), g1, g2)
 
 
+def test_loss_fn_reports_its_token_weight():
+  """make_loss_fn returns the reserved "weight" metric: the loss tokens its means are over (float32)."""
+  arrays = sft_data.build_padded(tasks.addition_examples(6, seed=2), TOK, 16)
+  model = PositionwiseLM(TOK.vocab_size, 16, 16, nnx.Rngs(0))
+  loss, m = sft.make_loss_fn()(model, arrays, None)
+  want, _ = sft.sft_loss(sft.default_apply(model, arrays), arrays["targets"], arrays["loss_mask"])
+  assert float(loss) == float(want)
+  assert m["weight"].dtype == jnp.float32 and m["weight"].shape == ()
+  assert float(m["weight"]) == float(m["tokens"]) == float(arrays["loss_mask"].sum()) > 0
+
+
 def test_eval_exact_match_on_a_toy_case():
-  arrays = sft.build_padded(RECORDS + [{"prompt": "x", "completion": ""}], TOK, 24)
+  arrays = sft_data.build_padded(RECORDS + [{"prompt": "x", "completion": ""}], TOK, 24)
   batch = {k: jnp.asarray(v) for k, v in arrays.items()}
   wrong_row, wrong_col = 2, int(np.flatnonzero(arrays["loss_mask"][2])[1])
 
@@ -263,13 +274,13 @@ def test_eval_exact_match_on_a_toy_case():
 
 def test_fit_on_packed_sft_data(tmp_path):
   """The pieces plug into the shared loop: ArraySource rows, loss_fn, eval_fn, 8-device data mesh."""
-  train, test = sft.addition_split(128, 16, max_digits=2, seed=0)
-  train_src = ArraySource(sft.build_packed(train, TOK, 32))
-  eval_src = ArraySource(sft.build_padded(test, TOK, 16))
+  train, test = tasks.addition_split(128, 16, max_digits=2, seed=0)
+  train_src = ArraySource(sft_data.build_packed(train, TOK, 32))
+  eval_src = ArraySource(sft_data.build_padded(test, TOK, 16))
   c = configs.base_config()
-  c.batch_size, c.num_steps, c.log_every = 8, 30, 10
-  c.optimizer.learning_rate = 1e-2
-  c.async_checkpoint, c.tensorboard = False, False
+  c.train = configs.train_config(batch_size=8, num_steps=30, log_every=10, async_checkpoint=False,
+                                 optimizer={"learning_rate": 1e-2})
+  c.tensorboard = False
   res = fit(c, str(tmp_path), model_fn=lambda rngs: PositionwiseLM(TOK.vocab_size, 32, 32, rngs),
             loss_fn=sft.make_loss_fn(), train_source=train_src, eval_fn=sft.make_eval_fn(), eval_source=eval_src)
   s = res.summary
@@ -280,30 +291,30 @@ def test_fit_on_packed_sft_data(tmp_path):
 # ------------------------------------------------------------------------------------------------- tasks
 
 def test_addition_generator_is_deterministic_and_correct(tmp_path):
-  a = sft.addition_examples(200, min_digits=2, max_digits=5, seed=7)
-  assert a == sft.addition_examples(200, min_digits=2, max_digits=5, seed=7)
-  assert a != sft.addition_examples(200, min_digits=2, max_digits=5, seed=8)
+  a = tasks.addition_examples(200, min_digits=2, max_digits=5, seed=7)
+  assert a == tasks.addition_examples(200, min_digits=2, max_digits=5, seed=7)
+  assert a != tasks.addition_examples(200, min_digits=2, max_digits=5, seed=8)
   for r in a:
     x, y = r["prompt"][:-1].split("+")
     assert r["prompt"].endswith("=") and int(r["completion"]) == int(x) + int(y)
     assert all(2 <= len(v) <= 5 and not v.startswith("0") for v in (x, y))
   digits = {len(r["prompt"].split("+")[0]) for r in a}
   assert digits == {2, 3, 4, 5}
-  rev = sft.addition_examples(5, seed=7, reverse_answer=True)
-  assert [r["completion"][::-1] for r in rev] == [r["completion"] for r in sft.addition_examples(5, seed=7)]
-  tr, ev = sft.addition_split(300, 50, max_digits=2, seed=1)
+  rev = tasks.addition_examples(5, seed=7, reverse_answer=True)
+  assert [r["completion"][::-1] for r in rev] == [r["completion"] for r in tasks.addition_examples(5, seed=7)]
+  tr, ev = tasks.addition_split(300, 50, max_digits=2, seed=1)
   assert len(tr) == 300 and len(ev) == 50
   assert not {r["prompt"] for r in tr} & {r["prompt"] for r in ev}
   assert len({r["prompt"] for r in tr}) == 300
   with pytest.raises(DataError, match="distinct addition problems"):
-    sft.addition_split(90, 20, max_digits=1)
+    tasks.addition_split(90, 20, max_digits=1)
   path = tmp_path / "sub" / "add.jsonl"
-  sft.write_jsonl(str(path), a[:10])
-  assert [(e.prompt, e.completion) for e in sft.read_jsonl(str(path))] == [
+  sft_data.write_jsonl(str(path), a[:10])
+  assert [(e.prompt, e.completion) for e in sft_data.read_jsonl(str(path))] == [
       (r["prompt"], r["completion"]) for r in a[:10]]
-  assert np.array_equal(sft.load_sft_data(str(path), TOK, 16, packed=True)["inputs"],
-                        sft.build_packed(a[:10], TOK, 16)["inputs"])
-  assert sft.prompt_ids(a[0], TOK) == [TOK.bos_id] + TOK.encode(a[0]["prompt"])
+  assert np.array_equal(sft_data.load_sft_data(str(path), TOK, 16, packed=True)["inputs"],
+                        sft_data.build_packed(a[:10], TOK, 16)["inputs"])
+  assert sft_data.prompt_ids(a[0], TOK) == [TOK.bos_id] + TOK.encode(a[0]["prompt"])
 
 
 # -------------------------------------------------------------------------------------------------- LoRA
@@ -337,7 +348,7 @@ def test_lora_init_is_identity_and_merge_matches():
 
 
 def test_lora_trains_only_adapters():
-  arrays = sft.build_packed(sft.addition_examples(24, seed=1), TOK, 24)
+  arrays = sft_data.build_packed(tasks.addition_examples(24, seed=1), TOK, 24)
   batch = {k: jnp.asarray(v[:8]) for k, v in arrays.items()}
   loss_fn = sft.make_loss_fn()
   model = _lora_model()
@@ -355,7 +366,7 @@ def test_lora_trains_only_adapters():
   inner = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-2, weight_decay=0.1))
   md = ModelDef(lambda rngs: _lora_model())
   mesh = mesh_lib.make_mesh((("data", -1), ("model", 1)))
-  rules = configs.base_config().sharding_rules
+  rules = mesh_lib.DEFAULT_RULES
   tx = lora.freeze_base(inner)
   state, shardings = create_train_state(md, tx, mesh, rules, 0)
   step = step_lib.make_train_step(md, loss_fn, tx, lambda s: 1e-2, shardings,

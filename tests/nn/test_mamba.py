@@ -1,4 +1,4 @@
-"""Mamba-1 block and LM (jaxlab.nn.mamba): shapes, recurrence == parallel scan, causality, Delta scaling,
+"""Mamba-1 block and LM (jaxlab.nn.mamba, mamba_lm, mamba_hf): shapes, recurrence == parallel scan, causality, Delta scaling,
 an independent numpy re-implementation, Hugging Face checkpoint IO, sharded init, and (optional) logits
 of transformers' MambaForCausalLM."""
 
@@ -15,7 +15,6 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxlab import configs
 from jaxlab import mesh as mesh_lib
 from jaxlab.errors import CheckpointError, MissingDependencyError
 from jaxlab.nn import MambaBlock, MambaLM
@@ -300,7 +299,7 @@ def test_lm_bfloat16_close_to_float32():
 
 
 def test_lm_shards_with_the_training_stack():
-  rules = configs.base_config().sharding_rules
+  rules = mesh_lib.DEFAULT_RULES
   mesh = mesh_lib.make_mesh((("data", 4), ("model", 2)))
   md = ModelDef(lambda rngs: MambaLM(37, 16, 2, d_state=4, scan_impl=SCAN, rngs=rngs))
   state, _ = create_train_state(md, optax.adamw(1e-3), mesh, rules, seed=0)
@@ -312,10 +311,10 @@ def test_lm_shards_with_the_training_stack():
   assert state.opt_state[0].mu["layers"][0]["mixer"]["in_proj"]["kernel"].sharding.spec == P(None, None, "model")
   tokens = jax.random.randint(jax.random.key(0), (8, 6), 0, 37)
   single = jax.jit(lambda params, t: md.merge(params, state.model_state)(t))(jax.device_get(state.params), tokens)
-  # The same parameters in a model whose scans run per shard (shard_map), on sharded params and batch.
-  md_mesh = ModelDef(lambda rngs: MambaLM(37, 16, 2, d_state=4, scan_impl=SCAN, scan_mesh=mesh, rngs=rngs))
-  fwd = jax.jit(lambda params, t: md_mesh.merge(params, state.model_state)(t))
-  sharded = fwd(state.params, jax.device_put(tokens, mesh_lib.batch_sharding(mesh, rules)))
+  # The same parameters, sharded, on a sharded batch, with the mesh in context.
+  with mesh_lib.use(mesh, rules):
+    fwd = jax.jit(lambda params, t: md.merge(params, state.model_state)(t))
+    sharded = fwd(state.params, jax.device_put(tokens, mesh_lib.batch_sharding()))
   np.testing.assert_allclose(np.asarray(sharded), np.asarray(single), rtol=1e-5, atol=1e-5)
 
 
@@ -460,15 +459,19 @@ def test_transformers_mamba_logits_match(tmp_path):
 
 
 @pytest.mark.parametrize("scale", [None, 2.0])
-def test_scan_per_shard_with_shard_map_equals_unsharded(scale):
-  """`scan_mesh`: the block runs the op inside shard_map (batch over data, d_inner over model)."""
+def test_pallas_scan_runs_per_shard_under_a_mesh_context(scale):
+  """With a multi-device mesh in context a Pallas scan runs inside shard_map (batch over data, d_inner over
+  model); the result equals the unsharded call."""
   mesh = mesh_lib.make_mesh((("data", 4), ("model", 2)))
-  blk = _block()
+  gd, st = nnx.split(_block())
+  blk = nnx.merge(gd, st)
+  blk.scan_impl = "interpret"
   x = jax.random.normal(jax.random.key(6), X_SHAPE)
-  want = blk(x, delta_scale=scale)
-  gd, st = nnx.split(blk)
-  per_shard = nnx.merge(gd, st)
-  per_shard.set_scan_mesh(mesh)
-  y, (conv, ssm) = jax.jit(lambda x: per_shard.prefill(x, delta_scale=scale))(x)
-  np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(ssm), np.asarray(blk.prefill(x, scale)[1][1]), rtol=1e-5, atol=1e-6)
+  prefill = jax.jit(lambda x: blk.prefill(x, delta_scale=scale))
+  want, (_, want_ssm) = prefill(x)
+  with mesh_lib.use(mesh):
+    assert "shard_map" in str(jax.make_jaxpr(lambda x: blk.prefill(x, delta_scale=scale))(x))
+    y, (_, ssm) = prefill(x)
+  assert "shard_map" not in str(jax.make_jaxpr(lambda x: blk.prefill(x, delta_scale=scale))(x))
+  np.testing.assert_allclose(np.asarray(y), np.asarray(want), rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(ssm), np.asarray(want_ssm), rtol=1e-6, atol=1e-6)

@@ -128,12 +128,13 @@ def test_sharded_parameters_give_the_same_step():
   sh = {"b": NamedSharding(mesh, P("model")), "w": NamedSharding(mesh, P("data", "model"))}
   # eps = 0.1: the projected gradient divides loss differences by 2 eps, which would amplify the (legitimately
   # different) summation order of the sharded loss at MeZO's eps = 1e-3.
-  for make in (lambda p, s: zo.mezo(p, lr=0.05, eps=0.1, shardings=s, impl="xla"),
-               lambda p, s: zo.curvzo(p, lr=0.05, eps=0.1, block_size=8, warmup_steps=1, shardings=s,
-                                      impl="xla")):
-    a = make(params, None)
-    b = make(params, sh)
-    pa, sa, pb, sb = params, a.init(0), jax.device_put(params, sh), b.init(0)
+  placed = jax.device_put(params, sh)
+  for make in (lambda p: zo.mezo(p, lr=0.05, eps=0.1, impl="xla"),
+               lambda p: zo.curvzo(p, lr=0.05, eps=0.1, block_size=8, warmup_steps=1, impl="xla")):
+    a = make(params)
+    b = make(placed)          # records the leaves' shardings
+    assert a.shardings is None and b.shardings == sh
+    pa, sa, pb, sb = params, a.init(0), placed, b.init(0)
     step_a = jax.jit(lambda p, s, a=a: a.step(loss, p, s, batch))
     step_b = jax.jit(lambda p, s, b=b: b.step(loss, p, s, batch))
     for _ in range(3):

@@ -1,0 +1,90 @@
+"""Claims ledgers: the import graph, staleness from content hashes, the README table generated from them."""
+
+import json
+import os
+
+import pytest
+
+from jaxlab import ledger, registry, reproduce
+
+
+def _write(root, rel, text):
+  path = os.path.join(root, rel)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    f.write(text)
+
+
+@pytest.fixture()
+def repo(tmp_path):
+  """A miniature repository: two library modules, a kernel, two experiments."""
+  root = str(tmp_path)
+  _write(root, "jaxlab/__init__.py", "")
+  _write(root, "jaxlab/core.py", "from jaxlab.kernels.op import ops\n")
+  _write(root, "jaxlab/extra.py", "import numpy\n")
+  _write(root, "jaxlab/pkg/__init__.py", "")
+  _write(root, "jaxlab/pkg/deep.py", "X = 1\n")
+  _write(root, "kernels/__init__.py", "")
+  _write(root, "kernels/op/__init__.py", "")
+  _write(root, "kernels/op/ops.py", "from . import ref\n")
+  _write(root, "kernels/op/ref.py", "")
+  _write(root, "experiments/__init__.py", "")
+  _write(root, "experiments/a/__init__.py", "")
+  _write(root, "experiments/a/config.py", "from jaxlab import core\n")
+  _write(root, "experiments/a/train.py", "def f():\n  from jaxlab.pkg import deep\n  from . import config\n")
+  _write(root, "experiments/b/__init__.py", "")
+  _write(root, "experiments/b/config.py", "import jaxlab.extra\n")
+  return root
+
+
+def test_import_closure_follows_every_import_into_the_repository(repo):
+  got = ledger.import_closure("a", repo)
+  assert got == sorted(["experiments/__init__.py", "experiments/a/__init__.py", "experiments/a/config.py",
+                        "experiments/a/train.py", "jaxlab/__init__.py", "jaxlab/core.py", "jaxlab/pkg/__init__.py",
+                        "jaxlab/pkg/deep.py", "kernels/__init__.py", "kernels/op/__init__.py", "kernels/op/ops.py",
+                        "kernels/op/ref.py"])
+  assert "jaxlab/extra.py" in ledger.import_closure("b", repo) and "jaxlab/core.py" not in ledger.import_closure("b", repo)
+
+
+def test_stale_names_the_changed_sources(repo):
+  for paper in ("a", "b"):
+    led = {"paper": paper, "claims": [], "sources": ledger.digests(ledger.import_closure(paper, repo), repo)}
+    with open(ledger.ledger_path(paper, repo), "w") as f:
+      json.dump(led, f)
+  assert ledger.stale(["a", "b"], repo) == {}
+  _write(repo, "kernels/op/ref.py", "Y = 2\n")                      # used by a only, through the import graph
+  assert ledger.stale(["a", "b"], repo) == {"a": ["kernels/op/ref.py"]}
+  _write(repo, "jaxlab/new.py", "")
+  _write(repo, "experiments/b/config.py", "import jaxlab.extra\nimport jaxlab.new\n")
+  assert ledger.stale(["b"], repo) == {"b": ["experiments/b/config.py", "jaxlab/new.py"]}
+  os.remove(ledger.ledger_path("a", repo))
+  assert ledger.stale(["a"], repo) == {"a": ["experiments/a/claims.json (missing)"]}
+
+
+def test_a_row_shows_measured_values_and_status():
+  led = {"claims": [{"name": "acc", "measured": 0.9675, "passed": True}, {"name": "gain", "measured": 0.0079,
+                                                                          "passed": False}]}
+  row = ledger.row("x", {"experiment": "`x`", "claim": "c", "note": "see README"}, led)
+  assert row == "| `x` | c | acc 0.9675; gain **0.0079** | FAIL (1/2): see README |"
+
+
+def test_every_experiment_has_a_results_row_and_a_ledger(root):
+  for name in registry.names():
+    exp = registry.load(name)
+    meta = getattr(exp.config_module, "RESULTS", None)
+    assert meta and {"experiment", "claim"} <= set(meta), f"{name}/config.py has no RESULTS row metadata"
+    led = ledger.read(name)
+    assert led is not None, f"experiments/{name}/claims.json is missing: run python -m jaxlab.reproduce {name}"
+    assert [c["name"] for c in led["claims"]] == [c.name for c in exp.claims], \
+        f"experiments/{name}/claims.json does not hold the config's claims: rerun python -m jaxlab.reproduce {name}"
+    for key in ("commit", "versions", "machine", "sources", "seeds", "wall_s"):
+      assert key in led, f"experiments/{name}/claims.json has no {key!r}"
+
+
+def test_readme_results_table_is_the_one_the_ledgers_give(root):
+  with open(os.path.join(root, "README.md")) as f:
+    readme = f.read()
+  block = ledger.readme_table(readme)
+  assert block is not None, "README.md has no generated results table (markers missing)"
+  assert block == reproduce.results_table(), \
+      "README.md's results table differs from the ledgers: paste the output of python -m jaxlab.reproduce --table"
