@@ -139,7 +139,8 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--stale", action="store_true", help="list the experiments whose ledger "
                       "(experiments/<paper>/claims.json) predates a change to a file they import, and exit")
   parser.add_argument("--table", action="store_true", help="print the README's results table from the ledgers "
-                      "and exit")
+                      "and exit (with --write_readme: also replace the table in README.md)")
+  parser.add_argument("--write_readme", action="store_true", help="with --table: write it into README.md")
   parser.add_argument("--no_ledger", action="store_true", help="do not write experiments/<paper>/claims.json")
   args = parser.parse_args(argv)
   from jaxlab import registry
@@ -149,7 +150,18 @@ def main(argv: list[str]) -> int:
       print(f"{name:24s} {registry.load(name).description}")
     return 0
   if args.table:
-    print(results_table())
+    table = results_table()
+    print(table)
+    if args.write_readme:
+      path = os.path.join(ledger.ROOT, "README.md")
+      with open(path) as f:
+        text = f.read()
+      old = ledger.readme_table(text)
+      if old is None:
+        from jaxlab.errors import ConfigError
+        raise ConfigError(f"{path} has no results-table markers ({ledger.TABLE_BEGIN} ... {ledger.TABLE_END})")
+      with open(path, "w") as f:
+        f.write(text.replace(old, table))
     return 0
   if args.stale:
     old = ledger.stale(args.papers or registry.names())

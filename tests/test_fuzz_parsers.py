@@ -4,6 +4,7 @@ Each parser is fed `hypothesis`-generated text; anything but a successful parse 
 `jaxlab.errors.JaxlabError` whose message is one line (no traceback-like dumps, no stray exception types).
 """
 
+import contextlib
 import json
 import os
 import string
@@ -33,6 +34,16 @@ def _parses_or_fails_cleanly(fn, *args, **kwargs):
   except JaxlabError as e:
     _one_line(e)
   return None
+
+
+@contextlib.contextmanager
+def _file(name: str, content):
+  """A temporary file holding `content` (str: UTF-8 text; bytes: as is); yields its path."""
+  with tempfile.TemporaryDirectory() as d:
+    path = os.path.join(d, name)
+    with open(path, "wb") as f:
+      f.write(content.encode("utf-8") if isinstance(content, str) else content)
+    yield path
 
 
 def _config():
@@ -87,10 +98,7 @@ def csv_texts(draw):
 @given(text=csv_texts(), lags=st.integers(1, 4), val=st.sampled_from([0.0, 0.2]))
 def test_navar_csv(text, lags, val):
   from jaxlab.causal import data
-  with tempfile.TemporaryDirectory() as d:
-    path = os.path.join(d, "f.csv")
-    with open(path, "w") as f:
-      f.write(text)
+  with _file("f.csv", text) as path:
     panel = _parses_or_fails_cleanly(data.read_panel, path)
     if panel is not None:
       w = _parses_or_fails_cleanly(data.make_windows, panel, lags, "global", val)
@@ -102,10 +110,7 @@ def test_navar_csv(text, lags, val):
 @given(text=csv_texts())
 def test_timeseries_csv(text):
   from jaxlab.data import timeseries
-  with tempfile.TemporaryDirectory() as d:
-    path = os.path.join(d, "f.csv")
-    with open(path, "w") as f:
-      f.write(text)
+  with _file("f.csv", text) as path:
     out = _parses_or_fails_cleanly(timeseries.read_csv, path)
     if out is not None:
       assert np.all(np.isfinite(out[0]))
@@ -116,10 +121,7 @@ def test_timeseries_csv(text):
                       max_size=6))
 def test_jsonl(lines):
   from jaxlab.data.jsonl import iter_jsonl
-  with tempfile.TemporaryDirectory() as d:
-    path = os.path.join(d, "f.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n".join(lines))
+  with _file("f.jsonl", "\n".join(lines)) as path:
     _parses_or_fails_cleanly(lambda p: list(iter_jsonl(p)), path)
 
 
@@ -136,10 +138,7 @@ POOL_ENTRY = st.fixed_dictionaries({}, optional={
 @given(lines=st.lists(st.one_of(POOL_ENTRY.map(json.dumps), TEXT), max_size=5), free=st.booleans())
 def test_pets_pools(lines, free):
   from jaxlab.tts import pools
-  with tempfile.TemporaryDirectory() as d:
-    path = os.path.join(d, "pools.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n".join(lines))
+  with _file("pools.jsonl", "\n".join(lines)) as path:
     _parses_or_fails_cleanly(pools.read_pools, path, choices=None if free else ("A", "B", "C", "D"))
 
 
@@ -154,10 +153,7 @@ SFT_RECORD = st.fixed_dictionaries({}, optional={
 @given(lines=st.lists(st.one_of(SFT_RECORD.map(json.dumps), TEXT), max_size=5))
 def test_sft_jsonl(lines):
   from jaxlab.lm import sft_data
-  with tempfile.TemporaryDirectory() as d:
-    path = os.path.join(d, "sft.jsonl")
-    with open(path, "w", encoding="utf-8") as f:
-      f.write("\n".join(lines))
+  with _file("sft.jsonl", "\n".join(lines)) as path:
     _parses_or_fails_cleanly(sft_data.read_jsonl, path)
 
 
@@ -179,8 +175,5 @@ def safetensors_files(draw):
 def test_safetensors_headers(blob):
   pytest.importorskip("safetensors", reason="the hf extra: pip install -e '.[hf]'")
   from jaxlab.lm import hf
-  with tempfile.TemporaryDirectory() as d:
-    path = os.path.join(d, "model.safetensors")
-    with open(path, "wb") as f:
-      f.write(blob)
+  with _file("model.safetensors", blob) as path:
     _parses_or_fails_cleanly(hf.read_safetensors, path)

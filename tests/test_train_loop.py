@@ -230,3 +230,25 @@ def test_a_hook_returning_true_stops_early_and_the_stop_survives_resume(toy, tmp
   assert not calls and again["step"] == 12                        # no further training on rerun
   md = state_lib.ModelDef(toy.train_module.model_fn(_config(toy)))
   _assert_trees_equal(ckpt_lib.load_params(str(wd), md)[0], cap.params[12])
+
+
+def test_param_ema_matches_a_brute_force_average():
+  import jax.numpy as jnp
+  import optax
+  from jaxlab.train import optim
+  tx = optim.with_param_ema(optax.sgd(0.1), 0.9)
+  params = {"w": jnp.array([1.0, -2.0]), "b": jnp.array(0.5)}
+  st = tx.init(params)
+  ema = jax.tree.map(np.asarray, params)
+  for k in range(5):
+    grads = jax.tree.map(lambda p: p * (k + 1.0), params)
+    upd, st = tx.update(grads, st, params)
+    params = optax.apply_updates(params, upd)
+    ema = jax.tree.map(lambda e, p: 0.9 * e + 0.1 * np.asarray(p), ema, params)
+  got = optim.param_ema(st)
+  for name in ("w", "b"):
+    np.testing.assert_allclose(got[name], ema[name], rtol=1e-6)
+  with pytest.raises(ValueError, match="no parameter average"):
+    optim.param_ema(optax.sgd(0.1).init(params))
+  with pytest.raises(ConfigError, match="decay"):
+    optim.with_param_ema(optax.sgd(0.1), 1.0)

@@ -14,7 +14,7 @@ from jaxlab.data import ArraySource
 from jaxlab.errors import ConfigError
 from jaxlab.lm import generate, hf, lora, sft, sft_data, tasks
 from jaxlab.lm.model import Transformer, TransformerConfig
-from jaxlab.lm.tokenizer import load_tokenizer
+from jaxlab.lm.tokenizer import check_fits, load_tokenizer
 from jaxlab.state import ModelDef
 from jaxlab.train import fit
 
@@ -44,7 +44,9 @@ def examples(config):
 def model_config(config, tok) -> TransformerConfig:
   m = config.model
   if m.hf_path:
-    return hf.config_from_hf(m.hf_path, dtype=m.dtype, remat=m.remat)
+    cfg = hf.config_from_hf(m.hf_path, dtype=m.dtype, remat=m.remat)
+    check_fits(tok, cfg.vocab_size, f"the checkpoint {m.hf_path}")   # before anything trains or is written
+    return cfg
   vocab = -(-tok.vocab_size // 8) * 8  # a multiple of 8 so the vocabulary shards evenly
   return TransformerConfig(arch=m.arch, vocab_size=vocab, hidden=m.hidden, n_layers=m.n_layers, n_heads=m.n_heads,
                            n_kv_heads=m.n_kv_heads, mlp_hidden=m.mlp_hidden, max_position=m.max_position,

@@ -4,7 +4,8 @@ Launch: python -m jaxlab.main --config experiments/rlvr_arith/config.py:tiny --w
 The run is a sequence of stages (`jaxlab.train.run_stages`; each recorded once, a rerun skips the finished ones):
 
 * `sft`: masked-prompt SFT on the shared loop (`fit`, resumable sub-run in workdir/stages/sft/), stopping
-  early at the target dev accuracy; absent when config.sft.num_steps = 0 (start from model.hf_path);
+  early at the target dev accuracy (of a moving average of the parameters with sft.ema_decay > 0); absent
+  when config.sft.num_steps = 0 (start from model.hf_path);
 * `eval_sft`: greedy accuracy of the start on the held-out problems (+ parameter and problem counts);
 * one stage per arm of config.method.arms, each training from the start in its own resumable sub-run
   (workdir/stages/<arm>/) and then scoring it (greedy accuracy, format rate, gain over the start, KL to the
@@ -24,12 +25,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxlab import checkpoint, configs, mesh as mesh_lib, metrics
+from jaxlab import configs, mesh as mesh_lib, metrics
 from jaxlab.data import ArraySource
 from jaxlab.errors import ConfigError
 from jaxlab.lm import generate, hf, sft, sft_data
 from jaxlab.lm.model import Transformer, TransformerConfig
-from jaxlab.lm.tokenizer import load_tokenizer
+from jaxlab.lm.tokenizer import check_fits, load_tokenizer
 from jaxlab.posttrain import arith, rewards as rewards_lib
 from jaxlab.posttrain.advantages import multi_reward_advantages
 from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn, per_token_logps
@@ -67,7 +68,9 @@ def problems(config):
 def model_config(config, tok) -> TransformerConfig:
   m = config.model
   if m.hf_path:
-    return hf.config_from_hf(m.hf_path, dtype=m.dtype)
+    cfg = hf.config_from_hf(m.hf_path, dtype=m.dtype)
+    check_fits(tok, cfg.vocab_size, f"the checkpoint {m.hf_path}")   # before anything trains or is written
+    return cfg
   return TransformerConfig(vocab_size=-(-tok.vocab_size // 8) * 8, hidden=m.hidden, n_layers=m.n_layers,
                            n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, mlp_hidden=m.mlp_hidden,
                            max_position=m.max_position, dtype=m.dtype, tie_embeddings=True)
@@ -138,26 +141,37 @@ def sft_config(config, num_steps: int, learning_rate: float) -> ml_collections.C
 
 
 def run_sft(config, workdir, modeldef, tok, examples, num_steps, learning_rate, init_params=None, *, dev=None,
-            target=0.0, check_every=0):
+            stop_at=0.0, check_every=0, ema_decay=0.0, screen=0, screen_at=0.0):
   """Masked-prompt SFT on the shared loop; returns (trained params as host arrays, the run's summary).
 
-  With `target` > 0, greedy accuracy on `dev` is measured every `check_every` steps and training stops at the
-  first check that reaches it (a run_loop hook returning True: the stop survives resume).
+  With `ema_decay` > 0 the returned params are the run's parameter average (`optim.with_param_ema`). With
+  `stop_at` > 0, greedy accuracy of those params on `dev` is measured every `check_every` steps (once the first
+  `screen` dev problems reach `screen_at`) and training stops at the first check that reaches `stop_at` (a
+  run_loop hook returning True: the stop survives resume).
   """
   c = sft_config(config, num_steps, learning_rate)
   data = sft_data.build_padded([{"prompt": e["prompt"], "completion": e["completion"]} for e in examples], tok,
                           config.data.seq_len)
 
-  def reached(step, state):
-    if target <= 0 or step % check_every:
-      return False
-    model = modeldef.merge(state.params, state.model_state)
-    model.eval()
-    return greedy_eval(model, tok, dev, len(dev), config.grpo.max_new_tokens)["acc"] >= target
+  def params_of(state):
+    return optim.param_ema(state.opt_state) if ema_decay else state.params
 
+  def accuracy(state, problems):
+    model = modeldef.merge(params_of(state), state.model_state)
+    model.eval()
+    return greedy_eval(model, tok, problems, len(problems), config.grpo.max_new_tokens)["acc"]
+
+  def reached(step, state):
+    if stop_at <= 0 or step % check_every:
+      return False
+    if screen and accuracy(state, dev[:screen]) < screen_at:
+      return False
+    return accuracy(state, dev) >= stop_at
+
+  wrap = (lambda tx: optim.with_param_ema(tx, ema_decay)) if ema_decay else None
   res = fit(c, workdir, model_fn=modeldef.model_fn, loss_fn=sft.make_loss_fn(), train_source=ArraySource(data),
-            initial_params=init_params, hooks=(reached,))
-  return jax.device_get(res.state.params), res.summary
+            initial_params=init_params, hooks=(reached,), wrap_optimizer=wrap)
+  return jax.device_get(params_of(res.state)), res.summary
 
 
 def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool):
@@ -248,12 +262,11 @@ class _Run:
     return hf.load_hf_params(m.hf_path, self.mcfg) if m.hf_path else None
 
   def start_params(self, ctx):
-    """The start of the arms as host arrays: the SFT sub-run's final (or early-stopped) checkpoint, else the
-    pretrained checkpoint."""
+    """The start of the arms as host arrays: the SFT stage's parameters (its average, at the early stop; kept
+    with the stage's results), else the pretrained checkpoint."""
     if not self.config.sft.num_steps:
       return self._initial()
-    sft_dir = os.path.join(ctx.workdir, "stages", "sft")
-    return jax.device_get(checkpoint.load_params(sft_dir, self.modeldef)[0])
+    return ctx.results["sft"]["start_params"]
 
   def _start_model(self, ctx):
     params = self.start_params(ctx)
@@ -264,9 +277,10 @@ class _Run:
   def sft(self, ctx):
     """Masked-prompt SFT from scratch (or model.hf_path) until the dev accuracy target (sub-run in stages/sft/)."""
     s = self.config.sft
-    _, info = run_sft(self.config, ctx.subdir(), self.modeldef, self.tok, self.train, s.num_steps, s.learning_rate,
-                      self._initial(), dev=self.dev, target=s.target_accuracy, check_every=s.check_every)
-    return {"sft/steps": info["step"], "sft/loss": info.get("train/loss")}
+    params, info = run_sft(self.config, ctx.subdir(), self.modeldef, self.tok, self.train, s.num_steps,
+                           s.learning_rate, self._initial(), dev=self.dev, stop_at=s.stop_at,
+                           check_every=s.check_every, ema_decay=s.ema_decay, screen=s.screen, screen_at=s.screen_at)
+    return {"sft/steps": info["step"], "sft/loss": info.get("train/loss"), "start_params": params}
 
   def eval_sft(self, ctx):
     """Greedy accuracy and format rate of the start on the held-out problems."""

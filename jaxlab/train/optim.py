@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -57,3 +59,48 @@ def make_optimizer(opt: ml_collections.ConfigDict, num_steps: int) -> tuple[opta
   if opt.clip_norm:
     tx = optax.chain(optax.clip_by_global_norm(opt.clip_norm), tx)
   return tx, schedule
+
+
+class ParamEMAState(NamedTuple):
+  """Optimizer-state entry of `with_param_ema`: the exponential moving average of the parameters."""
+  ema: Any
+
+
+def with_param_ema(tx: optax.GradientTransformation, decay: float) -> optax.GradientTransformation:
+  """`tx` that also keeps an exponential moving average of the parameters in its state (Polyak averaging).
+
+  After each update, ema <- decay * ema + (1 - decay) * params_new (params_new = params + updates); the
+  updates themselves are `tx`'s, unchanged. The average lives in the optimizer state, so it is sharded like
+  the parameters, checkpointed and restored with the run (exact resume); read it with `param_ema`.
+
+  Args:
+    tx: the optimizer.
+    decay: in [0, 1); the average covers about 1 / (1 - decay) steps.
+  """
+  if not 0.0 <= decay < 1.0:
+    raise ConfigError(f"with_param_ema: decay must be in [0, 1), got {decay!r}")
+
+  def init(params):
+    return ParamEMAState(ema=jax.tree.map(jnp.array, params))
+
+  def update(updates, state, params=None):
+    if params is None:
+      raise ValueError("with_param_ema needs the parameters in update(updates, state, params)")
+    ema = jax.tree.map(lambda e, p, u: decay * e + (1.0 - decay) * (p + u), state.ema, params, updates)
+    return updates, ParamEMAState(ema=ema)
+
+  return optax.chain(tx, optax.GradientTransformation(init, update))
+
+
+def param_ema(opt_state: Any) -> Any:
+  """The parameter average of an optimizer state built with `with_param_ema`.
+
+  Raises:
+    ValueError: the state holds no `ParamEMAState`.
+  """
+  found = [s for s in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, ParamEMAState))
+           if isinstance(s, ParamEMAState)]
+  if not found:
+    raise ValueError("param_ema: this optimizer state has no parameter average; build the optimizer with "
+                     "jaxlab.train.optim.with_param_ema")
+  return found[0].ema

@@ -29,6 +29,7 @@ The run works inside the config's mesh and logical rules (`jaxlab.mesh.use_confi
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import re
@@ -52,7 +53,6 @@ from jaxlab.train import loop as loop_lib
 log = logging.getLogger("jaxlab")
 
 Results = dict[str, dict[str, Any]]
-_SEP = "|"   # joins nested result keys in the .npz files (result names such as "err/swing" keep their "/")
 
 
 @dataclasses.dataclass
@@ -304,18 +304,25 @@ def _npz_path(workdir: str, index: int, name: str) -> str:
 
 def _save_npz(path: str, arrays: Mapping[str, Any]) -> None:
   os.makedirs(os.path.dirname(path), exist_ok=True)
-  flat = {_SEP.join(str(getattr(p, "key", p)) for p in keys): np.asarray(v)
+  flat = {json.dumps([_key_of(p) for p in keys]): np.asarray(v)
           for keys, v in jax.tree_util.tree_flatten_with_path(jax.device_get(dict(arrays)))[0]}
   tmp = path[:-len(".npz")] + ".tmp.npz"
   np.savez(tmp, **flat)
   os.replace(tmp, path)
 
 
+def _key_of(entry) -> str | int:
+  key = getattr(entry, "key", getattr(entry, "idx", entry))
+  return key if isinstance(key, (str, int)) else str(key)
+
+
 def _unflatten(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+  """Inverse of `_save_npz`'s flattening: the file keys are JSON lists of the nested keys (ints stay ints, as
+  in NNX parameter dicts)."""
   out: dict[str, Any] = {}
   for key, v in flat.items():
     node = out
-    *parents, leaf = key.split(_SEP)
+    *parents, leaf = json.loads(key)
     for p in parents:
       node = node.setdefault(p, {})
     node[leaf] = v

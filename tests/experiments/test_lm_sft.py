@@ -48,6 +48,20 @@ def test_missing_inputs_are_clear_errors_before_anything_is_written(tmp_path):
     exp.train_module.train_and_evaluate(exp.get_config("full", {"data.path": "x.jsonl"}), str(tmp_path / "full"))
 
 
+def test_a_tokenizer_larger_than_the_checkpoint_embedding_is_refused_before_training(tmp_path):
+  import json
+  ckpt = tmp_path / "ckpt"
+  ckpt.mkdir()
+  (ckpt / "config.json").write_text(json.dumps({
+      "architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "intermediate_size": 32, "max_position_embeddings": 64}))
+  exp = registry.load("lm_sft")
+  c = exp.get_config("tiny", {"model.hf_path": str(ckpt), "data.tokenizer": "byte"})
+  with pytest.raises(ConfigError, match=r"has \d+ ids but the checkpoint .* embeds only 64"):
+    exp.train_module.train_and_evaluate(c, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("overrides,msg", [
     ({"data.source": "csv"}, "data.source"),
     ({"model.arch": "gpt2"}, "model.arch"),

@@ -16,7 +16,7 @@ from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
 from jaxlab.train import Preempted
 
-SHORT = {"data.n_train": 160, "data.n_eval": 16, "sft.num_steps": 6, "sft.batch_size": 16, "sft.target_accuracy": 0.0,
+SHORT = {"data.n_train": 160, "data.n_eval": 16, "sft.num_steps": 6, "sft.batch_size": 16, "sft.stop_at": 0.0, "sft.screen": 0,
          "sft.dev_size": 16, "model.hidden": 32, "model.mlp_hidden": 64, "grpo.num_generations": 4,
          "grpo.max_new_tokens": 10, "train.batch_size": 4, "train.num_steps": 3, "train.checkpoint_every": 1,
          "train.log_every": 1, "eval.batch": 16, "train.optimizer.warmup_steps": 1, "rft.prompts": 8,
@@ -81,7 +81,7 @@ def test_sft_early_stop_and_sigterm_inside_grpo(tmp_path, monkeypatch):
     return {**out, "acc": 1.0} if len(evals) == 16 and calls.count(16) >= 2 else out
 
   monkeypatch.setattr(train, "greedy_eval", fake)
-  over = {**SHORT, "sft.target_accuracy": 0.5, "sft.check_every": 2, "sft.num_steps": 20, "data.n_eval": 24,
+  over = {**SHORT, "sft.stop_at": 0.5, "sft.check_every": 2, "sft.num_steps": 20, "data.n_eval": 24,
           "method.arms": ("grpo",)}
   first = _run(tmp_path / "first", over)
   assert first["sft/steps"] == 4
