@@ -8,12 +8,13 @@
      "commit": "<git HEAD when it ran>", "dirty": <uncommitted changes to the sources below>,
      "versions": {"python", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy"},
      "machine": {"cpu", "threads", "backend", "devices"},
-     "sources": {"<repo-relative path>": "<sha256 of its content>", ...}}
+     "sources": {"<repo-relative path>": "<code_digest: sha256 of its code, docstrings and comments aside>", ...}}
 
 `sources` are the files the experiment imports, followed through the whole import graph inside the
 repository (static: every `import` / `from ... import` in jaxlab/, kernels/ and the experiment's folder,
 including imports inside functions). `stale()` lists the experiments whose sources changed since their
-ledger was written (content hashes, so it holds before and after a commit); `table()` renders the README's
+ledger was written (hashes of the code, so it holds before and after a commit, and an edit of comments or
+docstrings alone does not count); `table()` renders the README's
 results table from the ledgers (`python -m jaxlab.reproduce --table`), and a default test fails when the
 README's table and the ledgers disagree.
 """
@@ -110,12 +111,34 @@ def import_closure(paper: str, root: str = ROOT) -> list[str]:
   return sorted(os.path.relpath(p, root) for p in seen)
 
 
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+  for node in ast.walk(tree):
+    body = getattr(node, "body", None)
+    if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+        and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+        and isinstance(body[0].value.value, str)):
+      node.body = body[1:] or [ast.Pass()]
+  return tree
+
+
+def code_digest(data: bytes, path: str = "") -> str:
+  """sha256 of what a source file computes: for Python, its syntax tree without docstrings (comments, blank
+  lines and docstrings do not count, so a documentation edit leaves a ledger current); other files, the
+  bytes. Trees are compared within one Python version (`ast.dump` differs between versions)."""
+  if path.endswith(".py"):
+    try:
+      data = ast.dump(_without_docstrings(ast.parse(data, path))).encode()
+    except SyntaxError:
+      pass
+  return hashlib.sha256(data).hexdigest()
+
+
 def digests(paths: Iterable[str], root: str = ROOT) -> dict[str, str]:
-  """{path: sha256 of the file's bytes} (paths relative to `root`)."""
+  """{path: `code_digest` of the file} (paths relative to `root`)."""
   out = {}
   for p in paths:
     with open(os.path.join(root, p), "rb") as f:
-      out[p] = hashlib.sha256(f.read()).hexdigest()
+      out[p] = code_digest(f.read(), p)
   return out
 
 

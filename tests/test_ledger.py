@@ -61,6 +61,17 @@ def test_stale_names_the_changed_sources(repo):
   assert ledger.stale(["a"], repo) == {"a": ["experiments/a/claims.json (missing)"]}
 
 
+def test_comments_and_docstrings_do_not_make_a_ledger_stale(repo):
+  _write(repo, "kernels/op/ref.py", "def f(x):\n  return x + 1\n")
+  led = {"paper": "a", "claims": [], "sources": ledger.digests(ledger.import_closure("a", repo), repo)}
+  with open(ledger.ledger_path("a", repo), "w") as f:
+    json.dump(led, f)
+  _write(repo, "kernels/op/ref.py", '"""Cites a paper."""\n\n\ndef f(x):  # one more\n  """Adds one."""\n  return x + 1\n')
+  assert ledger.stale(["a"], repo) == {}
+  _write(repo, "kernels/op/ref.py", "def f(x):\n  return x + 2\n")
+  assert ledger.stale(["a"], repo) == {"a": ["kernels/op/ref.py"]}
+
+
 def test_a_row_shows_measured_values_and_status():
   led = {"claims": [{"name": "acc", "measured": 0.9675, "passed": True}, {"name": "gain", "measured": 0.0079,
                                                                           "passed": False}]}

@@ -3,8 +3,9 @@
 Layout (batch, length, dim) as the models use it; state x is (dim, state) per batch row; all arithmetic is
 float32 in registers whatever the input dtype.
 
-Forward, chunked two-pass (the Mamba-1 analogue of Mamba-2's chunked scan; spec B.3). The sequence is cut
-into chunks of `chunk` steps so that each program has only `chunk` dependent steps instead of `length`:
+Forward, chunked two-pass (the Mamba-1 analogue of the chunked SSD algorithm of Mamba-2: Dao & Gu, ICML 2024,
+arXiv 2405.21060). The sequence is cut into chunks of `chunk` steps so that each program has only `chunk`
+dependent steps instead of `length`:
 
   pass 1  grid (batch, dim/block_d, chunks): scan each chunk from a zero state; write its local final
           state h_c (block_d, state) and the chunk's sum of Delta, s_c (the chunk's decay is exp(A s_c)).
