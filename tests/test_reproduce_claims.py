@@ -8,9 +8,9 @@ from jaxlab import registry, reproduce
 # the diagnosis; README.md's results table says FAIL). Strict xfail: once every claim passes the test fails
 # (XPASS), so this list and the READMEs must be updated.
 NOT_REPRODUCED = {
-    "df_mamba": "zero-shot length transfer (claims longer_helps / delta_scaling / vs_flat) fails; see its README",
-    "focus_dilution": "the focus / dilution / second-cycle claims fail (5/10 pass); see its README",
-    "pets": "online gain at average budget 16 is ~0.006 < 0.01; see experiments/pets/README.md",
+    "df_mamba": "zero-shot length transfer (claim longer_helps) fails; see its README",
+    "focus_dilution": ("the cycle claim (>= 10 of 12 fresh chains with the whole cycle, trained W_V) fails: 3/12; "
+                       "S1 and control pass (5/6); see its README"),
 }
 
 

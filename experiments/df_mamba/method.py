@@ -3,7 +3,9 @@
 The model and the auxiliary losses live in `jaxlab.nn.multiscale` (reusable); this module holds the glue:
 
 * `make_data(config)`: train source (random-access windows) + evaluation arrays at every eval length,
-  z-scored with the training split's statistics (forecasting) or pixel sequences in Hilbert order (images).
+  z-scored with the training split's statistics (forecasting) or pixel sequences in Hilbert order (images);
+  for the synthetic task also the finer-rate test set (`fine_data`: the same time span sampled
+  `data.fine_rate` times finer, the same coarse targets).
 * `loss_fn`: L = L_task + lambda_rec L_rec + lambda_cons L_cons (task: MSE, or cross-entropy for images).
 * `zoh_check(config)`: the closed-form Delta-scaling identity: for an LTI SSM with exact ZOH,
   A_bar = exp(Delta A), B_bar = (Delta A)^-1 (exp(Delta A) - 1) B, r steps at Delta on an input constant
@@ -31,16 +33,41 @@ IMAGE_TASKS = ("digits", "patch_camelyon")
 
 @dataclasses.dataclass
 class Data:
-  """Task data: `train` (a Source of {"x", "y"}), `evals` {length label: {"x", "y"} arrays}, and sizes."""
+  """Task data: `train` (a Source of {"x", "y"}), `evals` {length label: {"x", "y"} arrays}, and sizes.
+
+  `fine` (synthetic forecasting with `data.fine_rate` > 1, else None): {"x": (n, L m, C) the lookback span
+  sampled m = fine_rate times finer, "x_sub": (n, L, C) the same taken every m-th sample (the training
+  rate), "y": (n, H, C) the coarse targets}, z-scored with the training statistics.
+  """
   train: Any
   evals: dict[str, dict[str, np.ndarray]]
   in_features: int
   out_features: int
   classification: bool
   info: dict[str, Any]
+  fine: dict[str, np.ndarray] | None = None
 
 
-def _forecast_data(c, train_values, test_values, info) -> Data:
+def fine_data(c, rng: np.random.Generator, scaler: timeseries.Scaler) -> dict[str, np.ndarray]:
+  """The finer-rate test set: `data.test_series` series of the synthetic generator at step 1 / m (m = fine_rate).
+
+  Fine sample i lies at time i / m. The lookback is the L m samples at times c - L + 1/m .. c (c = L, an
+  integer time); every m-th of them, at the integer times c - L + 1 .. c, is a training-rate lookback of L
+  steps (exactly distributed as the training series); the targets are the H samples at times c + 1 .. c + H.
+
+  Returns:
+    {"x": (n, L m, C), "x_sub": (n, L, C), "y": (n, H, C)} float32, z-scored by `scaler`.
+  """
+  d, m = c.data, int(c.data.fine_rate)
+  lb, h = d.lookback, d.horizon
+  f = timeseries.multiscale_series(rng, d.test_series, (lb + h) * m + 1, d.channels, periods=tuple(d.periods),
+                                   rho=d.rho, sigma=d.sigma, step=1.0 / m)
+  f = scaler.transform(f)
+  x = f[:, 1:lb * m + 1]
+  return {"x": x, "x_sub": x[:, m - 1::m], "y": f[:, lb * m + m::m][:, :h]}
+
+
+def _forecast_data(c, train_values, test_values, info, fine_rng=None) -> Data:
   """Train windows at the training lookback; test windows carry the longest eval lookback."""
   d = c.data
   scaler = timeseries.Scaler(np.concatenate([v.reshape(-1, v.shape[-1]) for v in train_values]))
@@ -51,8 +78,11 @@ def _forecast_data(c, train_values, test_values, info) -> Data:
   full = test[np.arange(len(test))]
   evals = {str(lb): {"x": full["x"][:, longest - lb:], "y": full["y"]} for lb in d.eval_lookbacks}
   ch = 1 if c.model.channel_independent else train_values[0].shape[-1]
-  return Data(train, evals, ch, d.horizon * ch, False, {**info, "train_windows": len(train),
-                                                        "test_windows": len(test)})
+  fine = fine_data(c, fine_rng, scaler) if fine_rng is not None else None
+  info = {**info, "train_windows": len(train), "test_windows": len(test)}
+  if fine is not None:
+    info["fine_test_windows"] = len(fine["y"])
+  return Data(train, evals, ch, d.horizon * ch, False, info, fine)
 
 
 def _image_data(c) -> Data:
@@ -92,7 +122,8 @@ def make_data(c) -> Data:
     kw = dict(periods=tuple(d.periods), rho=d.rho, sigma=d.sigma)
     train = timeseries.multiscale_series(rng, d.train_series, d.train_length, d.channels, **kw)
     test = timeseries.multiscale_series(rng, d.test_series, max(d.eval_lookbacks) + d.horizon, d.channels, **kw)
-    return _forecast_data(c, list(train), list(test), {})
+    fine_rng = np.random.default_rng([c.seed, 7, 1]) if d.fine_rate > 1 else None   # its own stream
+    return _forecast_data(c, list(train), list(test), {}, fine_rng)
   if d.name == "co2":
     values, names = timeseries.co2_series(), ["co2"]
   else:
@@ -125,12 +156,25 @@ def model_inputs(c, data: Data, x):
   return channels_first(x) if (c.model.channel_independent and not data.classification) else x
 
 
-def predict(c, data: Data, model, x, out=None, max_levels=None):
+def fine_offset(c) -> int:
+  """j with data.fine_rate = model.ratio^j: the finer test input's scale offset (0 without one)."""
+  rate, r = int(c.data.fine_rate), int(c.model.ratio)
+  j = 0
+  while rate > 1 and rate % r == 0:
+    rate //= r
+    j += 1
+  if rate > 1:
+    raise ConfigError(f"config.data.fine_rate={c.data.fine_rate} must be a power of model.ratio={r} (or 0 / 1)")
+  return j
+
+
+def predict(c, data: Data, model, x, out=None, max_levels=None, **call_kw):
   """(b, L, C) -> forecasts (b, H, C) or logits (b, classes).
 
-  `out` is the model's raw output when already computed; `max_levels` caps the model's levels.
+  `out` is the model's raw output when already computed; `max_levels` caps the model's levels;
+  `call_kw` (offset, fine, readout) go to the model (a finer-sampled input, see `FractalMamba.levels`).
   """
-  out = model(model_inputs(c, data, x), max_levels) if out is None else out
+  out = model(model_inputs(c, data, x), max_levels, **call_kw) if out is None else out
   if data.classification:
     return out
   b, _, ch = x.shape

@@ -1,22 +1,26 @@
 """DF-Mamba experiment: DF-Mamba, its no-Delta-scaling ablation and flat Mamba trained side by side.
 
 Launch: python -m jaxlab.main --config experiments/df_mamba/config.py:tiny --workdir /tmp/df_mamba
-Expected (tiny, 2 CPU cores, about a minute per seed): the exact ZOH identity holds to 1e-6; trained at
-lookback 128, DF-Mamba evaluated zero-shot at 512 (two extra levels, no new parameters) forecasts better
-than at 128, better than the ablation at 512 and better than flat Mamba given the 512 context (see README
-for the measured numbers).
+Expected (tiny, 2 CPU cores, a few minutes per seed): the exact ZOH identity holds to 1e-6; trained at
+lookback 128, DF-Mamba evaluated zero-shot at 512 (two extra levels, no new parameters) is tested against its
+own error at 128, the no-Delta-scaling ablation and flat Mamba (the length transfer does not reproduce), and
+on the same span sampled 4x finer (scale offset 2) against the input subsampled back to the training rate,
+the ablation and flat Mamba (see README for the measured numbers).
 
 All models see the same batches (one `run_loop` over `config.train`, one checkpoint holding every model's
 TrainState, so an interrupted run resumes exactly); the run works inside the config's mesh
 (`jaxlab.mesh.use_config`), and summary.json is written once, with the claim keys added (`summarise`).
 Evaluation computes each model's test loss at every eval length (forecasting: MSE at lookback 128 and 512;
-images: accuracy at 8x8 and 16x16) and the cross-scale consistency loss of the trained model with its
-trained vs. an untrained coarse-graining.
+images: accuracy at 8x8 and 16x16), the cross-scale consistency loss of the trained model with its
+trained vs. an untrained coarse-graining, and (synthetic forecasting with `data.fine_rate` > 1) the finer-rate
+test: every model on the fine input and on it subsampled back, every placement of `FractalMamba(..., fine=)`.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import json
 import os
 import re
 
@@ -36,10 +40,38 @@ from . import config as config_lib  # noqa: E402  (relative: works for installed
 from . import method
 
 
-def _eval_fn(config, data, modeldef, max_levels=None):
+_JITTED: collections.OrderedDict = collections.OrderedDict()   # see `_reuse`
+_JITTED_MAX = 64
+
+
+def _reuse(kind: str, config, data, name: str, build):
+  """`build()` (a jitted function), reused across the seeds of one process instead of built (and compiled) anew.
+
+  The key is everything the function depends on except the seed: `kind`, the model name, the config without
+  `seed`, the data's sizes and flags and the mesh in context. The closures built here read `data` for its sizes
+  and flags only (no arrays), and parameters, batches and keys are arguments, so the function of seed 0 is the
+  function of seed 1; reusing it skips the recompilation (about a third of a seed's wall time at the tiny
+  scale). At most `_JITTED_MAX` functions are kept (least recently used dropped).
+  """
+  cfg = config.to_dict()
+  cfg.pop("seed", None)
+  key = (kind, name, json.dumps(cfg, sort_keys=True, default=repr), data.in_features, data.out_features,
+         data.classification, data.fine is None, repr(mesh_lib.current_mesh()))
+  if key in _JITTED:
+    _JITTED.move_to_end(key)
+    return _JITTED[key]
+  fn = _JITTED[key] = build()
+  while len(_JITTED) > _JITTED_MAX:
+    _JITTED.popitem(last=False)
+  return fn
+
+
+def _eval_fn(config, data, modeldef, max_levels=None, with_cons=False):
   """Jitted (params, model_state, x, y) -> (sum of task losses, sum of correct, cons trained, cons untrained).
 
-  `max_levels` caps the levels (a diagnostic: a longer input with only the training input's levels).
+  `max_levels` caps the levels (a diagnostic: a longer input with only the training input's levels);
+  `with_cons` also computes the consistency loss with the trained and an untrained coarse-graining (zeros
+  otherwise).
   """
   def f(params, model_state, x, y):
     model = modeldef.merge(params, model_state)
@@ -49,7 +81,7 @@ def _eval_fn(config, data, modeldef, max_levels=None):
     loss = method.task_loss(out, y, classification)
     correct = (jnp.argmax(out, -1) == y).sum() if classification else jnp.zeros(())
     x = method.model_inputs(config, data, x)
-    if model.mode == "flat":
+    if model.mode == "flat" or not with_cons:
       return loss.sum(), correct, jnp.zeros(()), jnp.zeros(())
     xs, _ = model.levels(x)
     cons = multiscale.consistency_loss(model, xs)
@@ -65,6 +97,43 @@ def _eval_fn(config, data, modeldef, max_levels=None):
       cons_u = cons
     n = y.shape[0]
     return loss.sum(), correct, cons * n, cons_u * n
+  return jax.jit(f)
+
+
+FINE_VARIANTS = (("levels", "all"), ("levels", "coarse"), ("refine", "all"))   # every one is reported
+
+
+def _fine_eval_fn(config, data, modeldef):
+  """Jitted (params, model_state, x_fine, x_sub, y) -> {name: sum over the batch} for the finer-rate test.
+
+  Names: "sub" (task loss on the input taken back to the training rate), "fine/<fine>_<readout>" for each
+  of FINE_VARIANTS (the flat model: "fine", the raw fine input), and for the fractal modes
+  "dev<k>_<fine>" / "norm<k>": the squared distance between level k's read-out (last position) on the
+  fine input and on the subsampled one, and the latter's squared norm (k over the trained levels).
+  """
+  offset = method.fine_offset(config)
+
+  def f(params, model_state, x_fine, x_sub, y):
+    model = modeldef.merge(params, model_state)
+    model.eval()
+    b, _, ch = x_fine.shape
+    loss = lambda raw: method.task_loss(method.predict(config, data, model, x_fine, raw), y, False).sum()
+    if model.mode == "flat":
+      return {"sub": loss(model(method.model_inputs(config, data, x_sub))),
+              "fine": loss(model(method.model_inputs(config, data, x_fine)))}
+    _, ys_sub = model.levels(method.model_inputs(config, data, x_sub))
+    out = {"sub": loss(model.head_output(ys_sub))}
+    for k, y_k in enumerate(ys_sub):
+      out[f"norm{k}"] = jnp.sum(y_k[:, -1] ** 2) / ch
+    for fine in dict(FINE_VARIANTS):
+      _, ys = model.levels(method.model_inputs(config, data, x_fine), offset=offset, fine=fine)
+      for f_, readout in FINE_VARIANTS:
+        if f_ == fine:
+          out[f"fine/{fine}_{readout}"] = loss(model.head_output(ys, model.readout_skip(offset, fine, readout)))
+      trained = ys[len(ys) - len(ys_sub):]       # the levels at the trained scales
+      for k, (a, b_) in enumerate(zip(trained, ys_sub)):
+        out[f"dev{k}_{fine}"] = jnp.sum((a[:, -1] - b_[:, -1]) ** 2) / ch
+    return out
   return jax.jit(f)
 
 
@@ -111,7 +180,8 @@ def _train(config, workdir: str, data) -> dict:
   bsh = mesh_lib.batch_sharding()
   loss_fn = method.make_loss_fn(config, data)
   names = tuple(config.model.models)
-  steps = {name: make_train_step(defs[name], loss_fn, tx, schedule, shardings[name], bsh) for name in names}
+  steps = {name: _reuse("train", config, data, name, lambda name=name: make_train_step(
+      defs[name], loss_fn, tx, schedule, shardings[name], bsh)) for name in names}
   batcher = pipeline.Batcher(data.train, t.batch_size, seed=config.seed)
   rows = pipeline.process_rows(bsh, t.batch_size)
 
@@ -125,28 +195,34 @@ def _train(config, workdir: str, data) -> dict:
       out.update({f"{k}/{name}": v for k, v in m.items() if k in ("train/loss", "train/task", "train/cons")})
     return new, out
 
-  evals = {name: _eval_fn(config, data, defs[name]) for name in names}
   train_len = (config.data.image_size // config.data.patch) ** 2 if data.classification else config.data.lookback
   k_train = multiscale.num_levels(train_len, config.model.ratio, config.model.min_len)
   train_label = str(config.data.image_size if data.classification else config.data.lookback)
-  capped = {name: _eval_fn(config, data, defs[name], k_train) for name in names if name != "flat"}
+  reuse = lambda kind, name, build: _reuse(kind, config, data, name, build)
+  evals = {name: reuse("eval", name, lambda name=name: _eval_fn(config, data, defs[name])) for name in names}
+  evals_cons = {name: reuse("eval_cons", name, lambda name=name: _eval_fn(config, data, defs[name], with_cons=True))
+                for name in names}
+  capped = {name: reuse("capped", name, lambda name=name: _eval_fn(config, data, defs[name], k_train))
+            for name in names if name != "flat"}
+  fine_evals = ({name: reuse("fine", name, lambda name=name: _fine_eval_fn(config, data, defs[name]))
+                 for name in names} if data.fine else {})
   eval_bs = t.eval_batch_size or 256
 
-  def run_eval(fn, st, arrays):
-    """Sums of (task loss, correct, cons, cons with untrained phi) over the eval set: one host sync."""
-    sums = [fn(st.params, st.model_state, arrays["x"][i:i + eval_bs], arrays["y"][i:i + eval_bs])
+  def run_eval(fn, st, arrays, keys=("x", "y")):
+    """Sums of the eval function's outputs over the eval set (batches of `eval_bs`): one host sync."""
+    sums = [fn(st.params, st.model_state, *(arrays[k][i:i + eval_bs] for k in keys))
             for i in range(0, len(arrays["y"]), eval_bs)]
-    return np.asarray(jax.device_get(jax.tree.map(lambda *v: sum(v), *sums)), np.float64)
+    return jax.tree.map(lambda v: np.asarray(v, np.float64), jax.device_get(jax.tree.map(lambda *v: sum(v), *sums)))
 
   def evaluate(state):
     out = {}
     for label, arrays in data.evals.items():
       n = len(arrays["y"])
       for name in names:
-        tot = run_eval(evals[name], state[name], arrays)
+        tot = np.asarray(run_eval((evals_cons if label == train_label else evals)[name], state[name], arrays))
         if name in capped and label != train_label:
           metric = "acc" if data.classification else "mse"
-          t2 = run_eval(capped[name], state[name], arrays)
+          t2 = np.asarray(run_eval(capped[name], state[name], arrays))
           out[f"eval/{metric}{label}_k{k_train}/{name}"] = (t2[1] if data.classification else t2[0]) / n
         if data.classification:
           out[f"eval/acc{label}/{name}"] = tot[1] / n
@@ -156,6 +232,9 @@ def _train(config, workdir: str, data) -> dict:
         if name != "flat" and label == train_label:
           out[f"eval/cons/{name}"] = tot[2] / n
           out[f"eval/cons_untrained_phi/{name}"] = tot[3] / n
+    if data.fine:
+      out.update(_fine_summary(config, data, {name: run_eval(fine_evals[name], state[name], data.fine,
+                                                             ("x", "x_sub", "y")) for name in names}))
     return out
 
   n_params = {f"params/{name}": multiscale.count_params(defs[name].merge(states[name].params,
@@ -165,6 +244,32 @@ def _train(config, workdir: str, data) -> dict:
   _, summary = run_loop(config, workdir, states, shardings, step_fn, get_batch, evaluate=evaluate,
                         extra_summary=extra, summarise=lambda state, summary: summarise(summary))
   return summary
+
+
+def _fine_summary(config, data, sums: dict) -> dict:
+  """Finer-rate metrics from the summed outputs of `_fine_eval_fn` per model.
+
+  eval/mse_sub/<model> (the input taken back to the training rate), eval/mse_fine/<model> (the configured
+  model.fine / model.readout; flat Mamba: the raw fine input), eval/mse_fine_<fine>_<readout>/<model> for
+  every variant, and eval/fine_dev<k>_<fine>/<model>: level k's relative squared read-out change,
+  sum ||p_k(fine) - p_k(sub)||^2 / sum ||p_k(sub)||^2.
+  """
+  n = len(data.fine["y"])
+  chosen = f"fine/{config.model.fine}_{config.model.readout}"
+  out = {}
+  for name, s in sums.items():
+    out[f"eval/mse_sub/{name}"] = float(s["sub"]) / n
+    if name == "flat":
+      out[f"eval/mse_fine/{name}"] = float(s["fine"]) / n
+      continue
+    out[f"eval/mse_fine/{name}"] = float(s[chosen]) / n
+    for key, v in s.items():
+      if key.startswith("fine/"):
+        out[f"eval/mse_fine_{key[len('fine/'):]}/{name}"] = float(v) / n
+      elif key.startswith("dev"):
+        k = key[3:].split("_")[0]
+        out[f"eval/fine_{key}/{name}"] = float(v) / float(s[f"norm{k}"])
+  return out
 
 
 def summarise(summary: dict) -> dict:

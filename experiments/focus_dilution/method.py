@@ -11,8 +11,6 @@ instrumentation of `jaxlab.dynamics.instrument` on the full batch.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -55,15 +53,15 @@ def init_state(config, key, std: float) -> dict:
   """{"params", "opt", "qk0"}: parameters at init scale `std`, optimiser state, ||W_Q W_K^T||_F at init."""
   mc = config.model
   params = ao.init_params(key, config.data.vocab, mc.d, std, mc.value_identity)
-  return {"params": params, "opt": make_optimizer(config).init(params),
+  return {"params": params, "opt": make_optimizer(config.method.optimizer, config.method.lr).init(params),
           "qk0": jnp.linalg.norm(params["W_Q"] @ params["W_K"].T)}
 
 
-def make_optimizer(config) -> optax.GradientTransformation:
-  """Plain gradient descent (the mechanistic run) or Adam (robustness variant)."""
-  if config.method.optimizer == "adam":
-    return optax.adam(config.method.lr)
-  return optax.sgd(config.method.lr)
+def make_optimizer(optimizer: str, lr: float) -> optax.GradientTransformation:
+  """Plain gradient descent ("gd": the mechanistic run) or Adam ("adam": robustness variant)."""
+  if optimizer == "adam":
+    return optax.adam(lr)
+  return optax.sgd(lr)
 
 
 def dynamics_metrics(params: dict, tokens_bt: jax.Array, top: jax.Array, pi: jax.Array | None,
@@ -89,15 +87,27 @@ def dynamics_metrics(params: dict, tokens_bt: jax.Array, top: jax.Array, pi: jax
   return out
 
 
-def make_chunk_step(config, top: np.ndarray, pi: np.ndarray | None):
-  """Returns `(state, tokens) -> (state, metrics)`: `method.chunk` optimiser steps then the instrumentation."""
-  mask = ao.trainable_mask(config.model.value_identity)
-  opt = make_optimizer(config)
-  top_j = jnp.asarray(top)
-  pi_j = None if pi is None else jnp.asarray(pi, jnp.float32)
-  last_only = config.model.last_only
+def chunk_args(config) -> dict:
+  """The keyword arguments of `make_chunk_step` from a config (hashable values)."""
+  m = config.method
+  return dict(optimizer=m.optimizer, lr=float(m.lr), steps=int(m.chunk), rank_rel=float(m.rank_rel),
+              value_identity=bool(config.model.value_identity), last_only=bool(config.model.last_only))
 
-  def chunk(state, tokens):
+
+def make_chunk_step(*, optimizer: str, lr: float, steps: int, rank_rel: float, value_identity: bool,
+                    last_only: bool):
+  """Returns `(state, tokens, top, pi) -> (state, metrics)`: `steps` optimiser steps, then the logged metrics.
+
+  Args (see `chunk_args`): optimizer "gd" | "adam" and its lr; steps: GD steps per call (method.chunk);
+    rank_rel: numerical-rank threshold; value_identity: W_V = I (not trained); last_only: last-position loss.
+
+  The returned function takes `tokens` (B, T) int32 (the full batch), `top` (k,) int32 (the high-frequency
+  token ids) and `pi` (V,) float32 (the chain's stationary distribution) or None (text).
+  """
+  mask = ao.trainable_mask(value_identity)
+  opt = make_optimizer(optimizer, lr)
+
+  def chunk(state, tokens, top, pi):
     def body(carry, _):
       params, opt_state = carry
       loss, g = jax.value_and_grad(ao.next_token_loss)(params, tokens, last_only)
@@ -105,9 +115,8 @@ def make_chunk_step(config, top: np.ndarray, pi: np.ndarray | None):
       upd, opt_state = opt.update(g, opt_state, params)
       return (optax.apply_updates(params, upd), opt_state), loss
 
-    (params, opt_state), losses = jax.lax.scan(body, (state["params"], state["opt"]), None,
-                                               length=config.method.chunk)
-    m = dynamics_metrics(params, tokens, top_j, pi_j, config.method.rank_rel)
+    (params, opt_state), losses = jax.lax.scan(body, (state["params"], state["opt"]), None, length=steps)
+    m = dynamics_metrics(params, tokens, top, pi, rank_rel)
     m["train/loss"] = ao.next_token_loss(params, tokens, last_only)
     m["train/loss_chunk_start"] = losses[0]
     m["dyn/qk_ratio"] = m["dyn/qk_norm"] / state["qk0"]
@@ -116,33 +125,51 @@ def make_chunk_step(config, top: np.ndarray, pi: np.ndarray | None):
   return chunk
 
 
-def summarise(rows: list[dict], config) -> dict:
-  """Claim keys from the logged rows via the stage detector (`jaxlab.dynamics.stages.detect_stages`)."""
+def s1_config(config):
+  """The config of the S1 companion run: the same data and init with W_V = I, for method.s1_steps GD steps."""
+  c = config.copy_and_resolve_references()
+  c.unlock()
+  c.model.value_identity = True
+  c.method.steps = c.method.s1_steps
+  c.lock()
+  return c
+
+
+def condensation(rows: list[dict], config) -> dict:
+  """The condensation point of a run's logged rows (`jaxlab.dynamics.stages.detect_stages`) and the metrics there.
+
+  Returns:
+    {"step" (logged chunk), "gd_steps", "frozen_until", "share_E", "qk_ratio", "rank_E", "cos_u_pi",
+     "cos_v_pi" (Markov data)}; {"share_E": 0.0} when attention was never frozen.
+  """
   mc = config.method
-  st = stages.detect_stages(rows, frozen_ratio=mc.frozen_ratio, reversal=mc.reversal,
-                            min_peak_excess=mc.min_peak_excess)
-  out = {"final/loss": rows[-1]["train/loss"], "final/focus": rows[-1]["dyn/focus"],
-         "final/rank_E": rows[-1]["dyn/rank_E"], "max/focus": max(r["dyn/focus"] for r in rows)}
-  cond = st["condensation"]
-  if cond is not None:
-    r = rows[[i for i, rr in enumerate(rows) if rr["step"] == cond["step"]][0]]
-    out.update({"cond/step": cond["step"], "cond/share_E": cond["share_E"], "cond/qk_ratio": cond["qk_ratio"],
-                "cond/gd_steps": cond["step"] * mc.chunk, "cond/frozen_until": cond["range"][1]})
-    for k in ("cos_u_pi", "cos_v_pi"):
-      if f"dyn/{k}" in r:
-        out[f"cond/{k}"] = r[f"dyn/{k}"]
-  else:
-    out.update({"cond/share_E": 0.0, "cond/qk_ratio": math.inf})
-  cyc = st["cycles"]
-  out["cycles"] = len(cyc)
-  out["cycle1/peak"] = cyc[0]["focus_peak"] if cyc else 1.0
-  out["cycle1/peak_step"] = cyc[0]["peak_step"] if cyc else -1
-  out["cycle1/trough_step"] = cyc[0]["trough_step"] if cyc else -1
-  out["cycle1/drop_frac"] = cyc[0]["drop_frac"] if cyc else 0.0
-  out["cycle1/loss_decreasing"] = float(cyc[0]["loss_decreasing"]) if cyc else 0.0
-  nxt = st["next_cycle"]
-  out["cycle2/rank"] = nxt["rank"] if nxt else (cyc[0]["rank_after"] if cyc else 0)
-  out["cycle2/peak"] = nxt["refocus"] if nxt else 1.0
-  out["cycle2/peak_step"] = nxt["refocus_step"] if nxt else -1
-  out["stages"] = st
+  cond = stages.detect_stages(rows, frozen_ratio=mc.frozen_ratio, reversal=mc.reversal,
+                              min_peak_excess=mc.min_peak_excess)["condensation"]
+  if cond is None:
+    return {"share_E": 0.0}
+  r = rows[[i for i, rr in enumerate(rows) if rr["step"] == cond["step"]][0]]
+  out = {"step": cond["step"], "gd_steps": cond["step"] * mc.chunk, "frozen_until": cond["range"][1],
+         "share_E": cond["share_E"], "qk_ratio": cond["qk_ratio"], "rank_E": int(r["dyn/rank_E"])}
+  for k in ("cos_u_pi", "cos_v_pi"):
+    if f"dyn/{k}" in r:
+      out[k] = r[f"dyn/{k}"]
+  return out
+
+
+def summarise(rows: list[dict], config) -> dict:
+  """Claim keys of the main model from its logged rows: its condensation point (cond/*), the per-chain cycle
+  test (`jaxlab.dynamics.stages.cycle_check`: cycle/*), the first cycle's peak and trough (cycle1/*), the second
+  focus (cycle2/*), and the detected stages (`detected`, for the plots)."""
+  mc = config.method
+  kw = dict(frozen_ratio=mc.frozen_ratio, reversal=mc.reversal, min_peak_excess=mc.min_peak_excess)
+  out = {f"cond/{k}": v for k, v in condensation(rows, config).items()}
+  chk = stages.cycle_check(rows, min_share=mc.min_share, min_drop=mc.min_drop, **kw)
+  for k in ("present", "s1", "first_peak", "diluted", "loss_down", "rank_rises", "second_peak", "first"):
+    out[f"cycle/{k}"] = chk[k]
+  for k in ("rank_cond", "rank_peak", "rank_trough", "rank_second"):
+    out[f"cycle/{k}"] = chk[k]
+  out.update({"cycle1/peak": chk["peak"], "cycle1/peak_step": chk["peak_step"], "cycle1/trough": chk["trough"],
+              "cycle1/trough_step": chk["trough_step"], "cycle1/drop_frac": chk["drop_frac"],
+              "cycle2/peak": chk["second"], "cycle2/peak_step": chk["second_step"]})
+  out["detected"] = stages.detect_stages(rows, **kw)
   return out

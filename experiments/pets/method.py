@@ -5,11 +5,16 @@ The algorithms live in the library (`jaxlab.tts`): votes and the self-consistenc
 simulator and the JSONL format (`simulate`, `pools`). Here:
 
 * pseudo-labels: the pool majority y_q = MV(pool) (or the file's `final`), the paper's "infinite-budget"
-  majority; SC rate = mean_q [prediction_q == y_q];
+  majority; SC rate = mean_q [prediction_q == y_q]. One tie rule (`config.method.tie_break`, default "min":
+  the smallest option, as the official online code labels and votes) serves the labels and every vote
+  (uniform, OKG, online), so a method that holds a question's whole pool always votes its label;
 * uniform allocation at budget B = each question's first B pool answers (the official baseline);
 * OKG draws a question's unused answers in a random order (its pool shuffled once by the seed);
 * online: calibrate on the first online.train_size questions, apply the plan to the others in order
-  (prefix answers, as the official evaluation does).
+  (prefix answers, as the official evaluation does);
+* budget savings (`budget_savings`, `saving_table`): on the budget sweeps, the first budget at which a method
+  reaches perfect self-consistency, its realised spend there, and 1 - spend / (uniform's first budget at
+  SC = 1), the statistic behind the paper's "up to 75% (offline) / 55% (online) less budget".
 """
 
 from __future__ import annotations
@@ -42,7 +47,8 @@ def load_pools(config, key) -> dict:
                gold=sim["majority"], num_options=d.num_options, skipped_answers=0, final=None)
   else:
     choices = [s.strip() for s in d.choices.split(",") if s.strip()]
-    p = pools.read_pools(d.pool_file, choices=choices or None, max_options=d.max_options, conf_metric=d.conf_metric)
+    p = pools.read_pools(d.pool_file, choices=choices or None, max_options=d.max_options, conf_metric=d.conf_metric,
+                         tie_break=tie)
     answers, conf, lengths = p.answers, p.confidences, p.lengths
     if d.shuffle:
       answers, conf = allocation.shuffle_rows(key, answers, lengths, conf)
@@ -123,7 +129,7 @@ def online_metrics(config, data: dict) -> dict:
   """Calibrates the bucket model on the first train_size questions and sweeps the average budget on the rest."""
   o = config.online
   m = data["num_options"]
-  tie = o.tie_break
+  tie = config.method.tie_break
   ans, lengths, labels, gold = data["answers"], data["lengths"], data["labels"], data["gold"]
   conf = data["conf"] if config.method.weighted else None
   usable = lengths >= o.k0
@@ -165,24 +171,75 @@ def online_metrics(config, data: dict) -> dict:
   return out
 
 
-def savings(summary: dict, method_kind: str, base_kind: str, budgets) -> dict:
-  """Budget saving at the baseline's best self-consistency.
+def _curve(summary: dict, key: str, budgets) -> dict:
+  """{budget: summary[f"{key}/B{budget}"]} over the budgets the summary has."""
+  return {b: summary[f"{key}/B{b}"] for b in budgets if f"{key}/B{b}" in summary}
 
-  b_base = the smallest budget at which the baseline reaches its best SC rate over the grid; b_method = the
-  smallest budget at which the method reaches at least that rate. saving = 1 - b_method / b_base (the paper's
-  "budget reduction at perfect self-consistency" when the best rate is 1). Also the smallest budgets reaching
-  SC = 1 (None when never reached).
+
+def budget_savings(summary: dict, method_kind: str, base_kind: str, budgets, spend_key: str) -> dict:
+  """The budget saving of `method_kind` over `base_kind` on the sweep `budgets` (see `sc.budget_saving`).
+
+  At perfect self-consistency: `budget_at_sc1/{base}` and `budget_at_sc1/{method}` (first budgets with
+  SC = 1), `spend_at_sc1/{method}` (the method's realised answers per question there, `spend_key`),
+  `saving_sc1/{method}` = 1 - spend / budget_at_sc1/{base} and `nominal_saving_sc1/{method}` (its nominal
+  budget instead of the spend). At the baseline's SC at budget 32 (when the sweep has it), the same with level
+  = SC(base @ 32): `budget_at_uniform32/{base}`, `budget_at_uniform32/{method}`, `spend_at_uniform32/{method}`,
+  `saving_at_uniform32/{method}`. None where a curve never reaches the level.
   """
-  base = [(b, summary.get(f"sc_rate/{base_kind}/B{b}")) for b in budgets]
-  meth = [(b, summary.get(f"sc_rate/{method_kind}/B{b}")) for b in budgets]
-  if any(v is None for _, v in base + meth):
+  base = _curve(summary, f"sc_rate/{base_kind}", budgets)
+  meth = _curve(summary, f"sc_rate/{method_kind}", budgets)
+  spend = _curve(summary, spend_key, budgets)
+  if not base or not meth:
     return {}
-  best = max(v for _, v in base)
-  b_base = min(b for b, v in base if v == best)
-  reach = [b for b, v in meth if v >= best]
-  out = {f"budget_at_best/{base_kind}": b_base, f"budget_at_best/{method_kind}": reach[0] if reach else None,
-         f"saving/{method_kind}": (1.0 - reach[0] / b_base) if reach else None, f"best/{base_kind}": best}
-  for kind, pts in ((base_kind, base), (method_kind, meth)):
-    ones = [b for b, v in pts if v >= 1.0]
-    out[f"budget_at_sc1/{kind}"] = ones[0] if ones else None
+  at1 = sc.budget_saving(meth, spend, base, 1.0)
+  out = {f"budget_at_sc1/{base_kind}": at1["base_budget"], f"budget_at_sc1/{method_kind}": at1["method_budget"],
+         f"spend_at_sc1/{method_kind}": at1["method_spend"], f"saving_sc1/{method_kind}": at1["saving"],
+         f"nominal_saving_sc1/{method_kind}": at1["nominal_saving"]}
+  if 32 in base:
+    at32 = sc.budget_saving(meth, spend, base, base[32])
+    out.update({f"budget_at_uniform32/{base_kind}": at32["base_budget"],
+                f"budget_at_uniform32/{method_kind}": at32["method_budget"],
+                f"spend_at_uniform32/{method_kind}": at32["method_spend"],
+                f"saving_at_uniform32/{method_kind}": at32["saving"]})
   return out
+
+
+def saving_stats(values) -> dict:
+  """{"n", "mean", "lb95"} of per-seed savings (lb95: one-sided 95% t lower bound; None with < 2 values)."""
+  v = np.asarray([x for x in values if x is not None], np.float64)
+  if not len(v):
+    return {"n": 0, "mean": None, "lb95": None}
+  return {"n": len(v), "mean": float(v.mean()), "lb95": config_lib.t_lower_bound(v) if len(v) > 1 else None}
+
+
+def saving_table(runs, labels) -> str:
+  """The budget-saving table over runs (seeds / multi-runs) as markdown, with the mean and its 95% lower bound.
+
+  Offline columns: uniform's and OKG's first budget at SC = 1 and OKG's saving; online columns (test split):
+  uniform's first budget at SC = 1, PETS online's first average budget at SC = 1 with its realised spend, the
+  saving, and the saving at uniform@32's SC. "-" where a run lacks the curve or never reaches the level.
+  """
+  def fmt(x, digits=3):
+    if x is None:
+      return "-"
+    return f"{x:.{digits}f}" if isinstance(x, float) else str(x)
+
+  cols = (("uniform B@SC=1", "budget_at_sc1/uniform", 0), ("OKG B@SC=1", "budget_at_sc1/offline", 0),
+          ("OKG saving", "saving_sc1/offline", 3), ("uniform (test) B@SC=1", "budget_at_sc1/uniform_test", 0),
+          ("online B@SC=1", "budget_at_sc1/online", 0), ("online spend", "spend_at_sc1/online", 2),
+          ("online saving", "saving_sc1/online", 3), ("online saving at uniform@32's SC",
+                                                        "saving_at_uniform32/online", 3))
+  lines = ["| run | " + " | ".join(c[0] for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+  for label, r in zip(labels, runs):
+    lines.append(f"| {label} | " + " | ".join(fmt(r.get(k), d) for _, k, d in cols) + " |")
+  for stat in ("mean", "lb95"):
+    cells = []
+    for _, k, d in cols:
+      if not k.startswith("saving"):
+        cells.append("")
+        continue
+      st = saving_stats([r.get(k) for r in runs])
+      cells.append(fmt(st[stat], d) + (f" ({st['n']}/{len(runs)} runs)" if 0 < st["n"] < len(runs) else ""))
+    name = "mean" if stat == "mean" else "one-sided 95% t lower bound"
+    lines.append(f"| {name} | " + " | ".join(cells) + " |")
+  return "\n".join(lines)

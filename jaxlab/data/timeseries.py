@@ -24,35 +24,47 @@ _ETT_MONTH_ROWS = {"h": 30 * 24, "m": 30 * 24 * 4}
 
 def multiscale_series(rng: np.random.Generator, n_series: int, length: int, channels: int,
                       periods: Sequence[float] = (8, 64, 512), amplitude: tuple[float, float] = (0.5, 1.5),
-                      rho: float = 0.9, sigma: float = 0.1) -> np.ndarray:
+                      rho: float = 0.9, sigma: float = 0.1, step: float = 1.0) -> np.ndarray:
   """Sums of sinusoids at several periods plus AR(1) noise (DF-Mamba's synthetic multi-scale benchmark; reconstructed).
 
-  x_t = sum_p a_p sin(2 pi t / p + phi_p) + e_t,  e_t = rho e_{t-1} + sigma eps_t (stationary start),
-  with a_p ~ U(amplitude) and phi_p ~ U(0, 2 pi) drawn independently per series, channel and period.
+  x(t) = sum_p a_p sin(2 pi t / p + phi_p) + e(t) sampled at t = 0, step, 2 step, ...; e is the stationary
+  Ornstein-Uhlenbeck process whose samples one time unit apart are the AR(1) e_t = rho e_{t-1} + sigma eps_t.
+  At sampling step s its samples are the AR(1) with coefficient rho^s and innovation scale
+  sigma sqrt((1 - rho^(2 s)) / (1 - rho^2)) (the same stationary variance sigma^2 / (1 - rho^2)), so a series
+  sampled at step 1 / m, taken every m-th sample, has exactly the distribution of the series at step 1
+  (the same time span sampled m times finer). a_p ~ U(amplitude) and phi_p ~ U(0, 2 pi) are drawn
+  independently per series, channel and period; step = 1 is the discrete-time generator (same draws).
 
   Args:
     rng: numpy generator.
-    n_series, length, channels: output shape.
-    periods: the periods p (time steps).
+    n_series, length, channels: output shape (length samples, `step` time units apart).
+    periods: the periods p (time units).
     amplitude: (low, high) of the uniform amplitude distribution.
-    rho, sigma: AR(1) coefficient and innovation scale (|rho| < 1).
+    rho, sigma: AR(1) coefficient and innovation scale at step 1 (0 <= rho < 1 when step != 1).
+    step: sampling step in time units (> 0).
 
   Returns:
     (n_series, length, channels) float32.
   """
   if not abs(rho) < 1:
     raise DataError(f"multiscale_series: |rho| must be < 1 for a stationary AR(1) noise, got {rho}")
-  t = np.arange(length, dtype=np.float64)
+  if not step > 0:
+    raise DataError(f"multiscale_series: step must be > 0, got {step}")
+  if step != 1 and rho < 0:
+    raise DataError(f"multiscale_series: a negative rho={rho} has no continuous-time (step={step}) version")
+  rho_s = rho ** step if step != 1 else rho
+  sigma_s = sigma * np.sqrt((1 - rho_s ** 2) / (1 - rho ** 2)) if step != 1 else sigma
+  t = np.arange(length, dtype=np.float64) * step
   x = np.zeros((n_series, length, channels))
   for p in periods:
     a = rng.uniform(*amplitude, size=(n_series, 1, channels))
     phi = rng.uniform(0, 2 * np.pi, size=(n_series, 1, channels))
     x += a * np.sin(2 * np.pi * t[None, :, None] / p + phi)
-  eps = rng.normal(size=(n_series, length, channels)) * sigma
+  eps = rng.normal(size=(n_series, length, channels)) * sigma_s
   e = np.empty_like(eps)
-  e[:, 0] = eps[:, 0] / np.sqrt(1 - rho ** 2)
+  e[:, 0] = eps[:, 0] / np.sqrt(1 - rho_s ** 2)
   for i in range(1, length):
-    e[:, i] = rho * e[:, i - 1] + eps[:, i]
+    e[:, i] = rho_s * e[:, i - 1] + eps[:, i]
   return (x + e).astype(np.float32)
 
 

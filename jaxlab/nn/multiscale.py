@@ -21,6 +21,21 @@ our reconstruction (experiments/df_mamba/README.md lists what is confirmed) and 
             (F_k = the shared residual layer at scale s_k: "run then coarsen" ~ "coarsen then run at r Delta")
 
 `mode="flat"` is the flat-Mamba baseline: `flat_layers` stacked layers on the input length, no recursion.
+
+Finer sampling (the scale offset). A model trained on inputs sampled at step dt, applied to the same time
+span sampled at dt / r^j (`offset=j`), must keep the time scale of every level: a level whose step is
+r^m dt runs at Delta * r^m whatever the input's rate. Two ways of placing the finer input [A]:
+    fine="levels"  (K + j levels) the j new finest levels run at Delta r^-j .. Delta r^-1 and are
+                   coarse-grained into the K trained levels, which keep their scales 1 .. r^(K-1);
+                   readout="all" aggregates every level, readout="coarse" only the K trained ones.
+    fine="refine"  (K levels) level 0 runs on the fine input at Delta r^-j with its causal conv's taps
+                   r^j steps apart (the trained taps, dt apart), and is read every r^j-th step (at the
+                   trained steps); levels 1 .. K-1 follow as trained.
+With exact ZOH (`discretization="zoh"`) and an input held constant over each trained step, "refine"
+reproduces the trained-rate model exactly: r^j steps at Delta r^-j are one step at Delta, so every level's
+states and the output equal the trained-rate model's. "levels" does not (its new levels' outputs vary
+inside a held step, so their coarse-graining is not the trained input); for it the identity holds level by
+level: the finest level read at the trained steps equals the trained level 0 when the conv is pointwise.
 """
 
 from __future__ import annotations
@@ -36,6 +51,8 @@ from jaxlab.nn.layers import RMSNorm
 from jaxlab.nn.mamba import MambaLayer
 
 MODES = ("fractal", "no_delta_scale", "flat")
+FINE = ("levels", "refine")
+READOUTS = ("all", "coarse")
 
 
 def num_levels(length: int, ratio: int, min_len: int) -> int:
@@ -92,6 +109,34 @@ class CoarseGrain(nnx.Module):
       raise ValueError(f"CoarseGrain: length {l} is not divisible by the ratio {self.ratio}")
     v = (y_bld @ self.value[...]).reshape(b, l // self.ratio, self.ratio, d)
     return jnp.einsum("bjr,bjrd->bjd", self.weights(y_bld), v)
+
+
+class DilatedConv(nnx.Module):
+  """A Mamba block's causal depthwise conv with its taps `dilation` steps apart (the same kernel and bias).
+
+  out_t = sum_j w_j x_{t - (k - 1 - j) dilation} + b (zero left padding), the taps summed in the order of
+  the block's own conv, so at dilation m on a sequence sampled m times finer the outputs at every m-th step
+  equal the block's conv on the subsampled sequence bit for bit.
+
+  Args:
+    conv: the block's conv (`MambaBlock.conv1d`: `kernel` (k, dim), optional `bias` (dim,), `width` k).
+    dilation: distance between taps (steps).
+  """
+
+  def __init__(self, conv: nnx.Module, dilation: int):
+    self.kernel, self.bias, self.width, self.dilation = conv.kernel, conv.bias, conv.width, int(dilation)
+
+  def __call__(self, x_bld: jax.Array) -> jax.Array:
+    """(batch, length, dim) -> (batch, length, dim) float32."""
+    length, m = x_bld.shape[1], self.dilation
+    xp = jnp.pad(x_bld, ((0, 0), ((self.width - 1) * m, 0), (0, 0)))
+    w = self.kernel[...]
+    acc = xp[:, :length].astype(jnp.float32) * w[0]
+    for j in range(1, self.width):
+      acc = acc + xp[:, j * m:j * m + length].astype(jnp.float32) * w[j]
+    if self.bias is not None:
+      acc = acc + self.bias[...]
+    return acc
 
 
 class FractalMamba(nnx.Module):
@@ -152,54 +197,89 @@ class FractalMamba(nnx.Module):
       self.head_norm = RMSNorm(d_model)
       self.head = nnx.Linear(d_model, out_features, rngs=rngs)
 
-  def scale(self, k: int) -> float:
-    """The Delta multiplier of level k."""
-    return float(self.ratio ** k) if self.mode == "fractal" else 1.0
+  def scale(self, k: int, offset: int = 0) -> float:
+    """The Delta multiplier of level k: r^(k - offset) (an input sampled r^offset times finer than in
+    training, see the module docstring), 1 for the ablation."""
+    return float(self.ratio) ** (k - offset) if self.mode == "fractal" else 1.0
 
-  def layer(self, x_bld: jax.Array, k: int) -> jax.Array:
-    """F_k: the shared residual Mamba layer at level k's time scale (scanned per chunk when `chunk`)."""
+  def layer(self, x_bld: jax.Array, k: int, offset: int = 0, dilation: int = 1) -> jax.Array:
+    """F_k: the shared residual Mamba layer at level k's time scale (scanned per chunk when `chunk`).
+
+    Args:
+      x_bld: (b, l, d) level input.
+      k: level index (its Delta multiplier is `scale(k, offset)`).
+      offset: the input's sampling offset (see `scale`).
+      dilation: distance between the causal conv's taps (`DilatedConv`); 1 is the block's own conv.
+    """
     b, l, d = x_bld.shape
-    if self.chunk and l > self.chunk:
-      y = self.layers[0](x_bld.reshape(b * (l // self.chunk), self.chunk, d), self.scale(k))
-      return y.reshape(b, l, d)
-    return self.layers[0](x_bld, self.scale(k))
+    layer, scale = self.layers[0], self.scale(k, offset)
+    chunk = self.chunk * dilation
+    conv = layer.mixer.conv1d
+    if dilation > 1:   # the same parameters, read with spread taps for this call only
+      layer.mixer.conv1d = DilatedConv(conv, dilation)
+    try:
+      if chunk and l > chunk:
+        return layer(x_bld.reshape(b * (l // chunk), chunk, d), scale).reshape(b, l, d)
+      return layer(x_bld, scale)
+    finally:
+      layer.mixer.conv1d = conv
 
-  def levels(self, inputs_blc: jax.Array, max_levels: int | None = None) -> tuple[list[jax.Array], list[jax.Array]]:
+  def levels(self, inputs_blc: jax.Array, max_levels: int | None = None, offset: int = 0,
+             fine: str = "levels") -> tuple[list[jax.Array], list[jax.Array]]:
     """Runs the recursion: ([x^(0..K-1)] level inputs, [y^(0..K-1)] level outputs), lengths L / r^k.
 
     Args:
       inputs_blc: (b, L, in_features).
       max_levels: optional cap on K (the coarsest levels are not computed).
+      offset: j >= 0: the input is sampled r^j times finer than the training input (scale offset; see the
+        module docstring). 0 is the training rate.
+      fine: "levels" or "refine", how a finer input is placed (used when offset > 0). With "refine",
+        level 0's entries are read at the trained steps (length L / r^j).
     """
+    if fine not in FINE:
+      raise ValueError(f"FractalMamba: fine must be one of {FINE}, got {fine!r}")
+    if offset < 0:
+      raise ValueError(f"FractalMamba: offset must be >= 0, got {offset}")
     x = self.embed(inputs_blc)
     if self.mode == "flat":
       for layer in self.layers:
         x = layer(x, None)
       return [x], [x]
-    k_levels = num_levels(inputs_blc.shape[1], self.ratio, self.min_len)
+    length = inputs_blc.shape[1]
+    refine = fine == "refine" and offset > 0
+    m = self.ratio ** offset
+    if refine and length % m:
+      raise ValueError(f"FractalMamba: input length {length} is not divisible by ratio^offset = {m}")
+    k_levels = num_levels(length // m if refine else length, self.ratio, self.min_len)
     if max_levels is not None:
       k_levels = max(1, min(k_levels, int(max_levels)))
     xs, ys = [], []
     for k in range(k_levels):
-      y = self.layer(x, k)
+      if refine and k == 0:   # level 0 on the fine input at Delta r^-j, read at the trained steps
+        y = self.layer(x, 0, offset, dilation=m)[:, m - 1::m]
+        x = x[:, m - 1::m]
+      else:
+        y = self.layer(x, k, 0 if refine else offset)
       xs.append(x)
       ys.append(y)
       if k + 1 < k_levels:
         x = self.coarse(y)
     return xs, ys
 
-  def features(self, ys: Sequence[jax.Array], n_active: jax.Array | int | None = None
+  def features(self, ys: Sequence[jax.Array], n_active: jax.Array | int | None = None, skip: int = 0
                ) -> tuple[jax.Array, jax.Array]:
-    """Level aggregation: (features (b, d), alpha (b, K); alpha is zeros for "top_down") from the levels.
+    """Level aggregation: (features (b, d), alpha (b, K'); alpha is zeros for "top_down") from the levels.
 
     Args:
-      ys: level outputs.
+      ys: level outputs (finest first).
       n_active: optional (traced) number of finest levels to aggregate (level dropout in training [A]).
+      skip: leave the `skip` finest levels out (readout="coarse" for a finer input); K' = K - skip.
     """
-    pooled = jnp.stack([y[:, -1] if self.pool == "last" else y.mean(1) for y in ys], axis=1)   # (b, K, d)
+    ys = list(ys)[skip:]
+    pooled = jnp.stack([y[:, -1] if self.pool == "last" else y.mean(1) for y in ys], axis=1)   # (b, K', d)
     if len(ys) == 1:
       return pooled[:, 0], jnp.ones(pooled.shape[:2], pooled.dtype)
-    active = jnp.arange(len(ys)) < (len(ys) if n_active is None else n_active)       # (K,)
+    active = jnp.arange(len(ys)) < (len(ys) if n_active is None else n_active)       # (K',)
     if self.aggregate == "top_down":
       normed = self.level_norm(pooled)
       s = jnp.zeros_like(pooled[:, 0])
@@ -210,16 +290,36 @@ class FractalMamba(nnx.Module):
     alpha = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bk,bkd->bd", alpha, pooled), alpha
 
-  def __call__(self, inputs_blc: jax.Array, max_levels: int | None = None) -> jax.Array:
-    """(b, L, in_features) -> (b, out_features); `max_levels` optionally caps the levels (see `levels`)."""
-    return self.head(self.head_norm(self.features(self.levels(inputs_blc, max_levels)[1])[0]))
+  def __call__(self, inputs_blc: jax.Array, max_levels: int | None = None, offset: int = 0,
+               fine: str = "levels", readout: str = "all") -> jax.Array:
+    """(b, L, in_features) -> (b, out_features).
+
+    Args:
+      inputs_blc: (b, L, in_features).
+      max_levels: optional cap on the levels (see `levels`).
+      offset, fine: a finer-sampled input (see `levels` and the module docstring).
+      readout: "all" levels aggregated, or "coarse": the `offset` new finest levels of fine="levels" left
+        out of the aggregation (they reach the trained levels through the coarse-graining only).
+    """
+    if readout not in READOUTS:
+      raise ValueError(f"FractalMamba: readout must be one of {READOUTS}, got {readout!r}")
+    ys = self.levels(inputs_blc, max_levels, offset, fine)[1]
+    return self.head_output(ys, self.readout_skip(offset, fine, readout))
+
+  def readout_skip(self, offset: int, fine: str, readout: str) -> int:
+    """How many finest levels the aggregation leaves out: `offset` for fine="levels", readout="coarse"."""
+    return offset if (readout == "coarse" and fine == "levels" and self.mode != "flat") else 0
+
+  def head_output(self, ys: Sequence[jax.Array], skip: int = 0) -> jax.Array:
+    """The head on the aggregated levels (see `features`): (b, out_features)."""
+    return self.head(self.head_norm(self.features(ys, skip=min(skip, len(ys) - 1))[0]))
 
   def forward_with_aux(self, inputs_blc: jax.Array, max_levels: int | None = None,
                        n_active: jax.Array | int | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Head output and the auxiliary losses {"rec", "cons"} (zeros for a single level); see `levels`.
 
     Args:
-      inputs_blc: (b, L, in_features).
+      inputs_blc: (b, L, in_features) at the training rate.
       max_levels: optional cap on the number of levels computed.
       n_active: optional (traced) number of levels aggregated (see `features`).
     """

@@ -119,7 +119,8 @@ class OKGAllocator:
     warm_up: answers per question taken uniformly before the OKG rounds (counted in the budget).
     weighted: confidence-weighted variant: alpha += c * conf / conf_scale and votes weighted by conf.
     conf_scale: confidence normaliser of the weighted variant (official: 16).
-    tie_break: vote tie-break, "first" (earliest collected answer) or "min" (smallest option index).
+    tie_break: vote tie-break, "min" (smallest option index; order-free, so a question whose whole pool
+      was drawn votes its "min" pool-majority label) or "first" (earliest collected answer).
     coupled: common random numbers in the Monte Carlo gains (faster, less noisy; not the official estimator).
   """
   num_options: int
@@ -129,7 +130,7 @@ class OKGAllocator:
   warm_up: int = 0
   weighted: bool = False
   conf_scale: float = 16.0
-  tie_break: str = "first"
+  tie_break: str = "min"
   coupled: bool = False
 
   def __post_init__(self):
@@ -246,7 +247,7 @@ def _allocate(alloc: OKGAllocator, state, key, answers_kn, lengths_k, conf_kn, n
 
 
 def uniform_vote(answers_kn: jax.Array, num_options: int, budget: int, *, conf_kn: jax.Array | None = None,
-                 tie_break: str = "first") -> jax.Array:
+                 tie_break: str = "min") -> jax.Array:
   """Uniform allocation: each question votes with the first `budget` answers of its pool.
 
   Args:
@@ -254,7 +255,7 @@ def uniform_vote(answers_kn: jax.Array, num_options: int, budget: int, *, conf_k
     num_options: M.
     budget: answers per question (the official baseline's floor(total budget / K)).
     conf_kn: optional (K, N) confidences for a weighted vote.
-    tie_break: "first" or "min".
+    tie_break: "min" or "first" (see `self_consistency.vote`).
 
   Returns:
     (K,) int32 predictions (-1 where no answer).

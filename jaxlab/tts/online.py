@@ -33,6 +33,8 @@ import numpy as np
 
 from jaxlab.tts import self_consistency as sc
 
+_BUDGET_TOL = 1e-12   # slack of the plan's expected-budget constraint (official MultiChoice_online.py)
+
 
 def count_patterns(k0: int, num_options: int) -> list[tuple[int, ...]]:
   """Partitions of k0 into at most `num_options` parts, most concentrated first ((4,), (3, 1), (2, 2), ...)."""
@@ -172,8 +174,10 @@ def greedy_bucket_plan(model: BucketModel, avg_budget: float, *, b_max: int = 64
 
   Starts at B_t = k0 and adds one answer at a time to the bucket with the largest marginal gain
   A_t(B_t + 1) - A_t(B_t) (every bucket's answer costs pi_t in expectation, and so does its gain) while
-  sum_t pi_t B_t stays <= avg_budget (checked exactly on the running sum) and B_t <= b_max. A bucket whose
-  next answer does not fit is closed. Buckets never seen in calibration (pi_t = 0) stay at k0, as in the
+  sum_t pi_t B_t stays <= avg_budget + 1e-12 (the official code's tolerance; the running sum is exact, but the
+  pi_t themselves need not sum to exactly 1 in floating point, which would otherwise leave one bucket an
+  answer short of b_max at avg_budget = b_max) and B_t <= b_max. A bucket whose next answer does not fit is
+  closed. Buckets never seen in calibration (pi_t = 0) stay at k0, as in the
   official code (their fitted curve is flat there, so they never gain).
 
   Args:
@@ -201,7 +205,7 @@ def greedy_bucket_plan(model: BucketModel, avg_budget: float, *, b_max: int = 64
   heapq.heapify(heap)
   while heap:
     _, t = heapq.heappop(heap)
-    if spent + pi[t] > avg_budget:
+    if spent + pi[t] > avg_budget + _BUDGET_TOL:
       continue                                      # closed: its next answer never fits
     plan[t] += 1
     spent = math.fsum(pi * plan)

@@ -7,7 +7,8 @@ One JSON object per line (blank lines skipped):
 
 * `answers` (required): the sampled trajectories' extracted answers (strings or numbers).
 * `final` (optional): the pool's majority (the self-consistency pseudo-label); missing, null or "" -> the
-  majority vote of the pool (ties: the earliest answer) is used.
+  majority vote of the pool is used, its ties broken by `read_pools(tie_break=...)` (default: the smallest
+  option index, the rule the votes scored against it should use too).
 * `answer` or `correct_answer` (optional): the gold answer (accuracy); multiple-choice files may give an
   option index (`answer_index` too).
 * `trace_confidence` (optional): one entry per answer, a number or a dict holding `conf_metric` (default
@@ -102,7 +103,7 @@ def _confidence(entry: Any, metric: str, where: str) -> float:
 
 
 def read_pools(path: str, *, choices: Sequence[str] | None = ("A", "B", "C", "D"), max_options: int = 8,
-               conf_metric: str = "mean_confidence", relabel_mv: bool = False) -> AnswerPools:
+               conf_metric: str = "mean_confidence", relabel_mv: bool = False, tie_break: str = "min") -> AnswerPools:
   """Reads a PETS JSONL answer-pool file.
 
   Args:
@@ -111,6 +112,8 @@ def read_pools(path: str, *, choices: Sequence[str] | None = ("A", "B", "C", "D"
     max_options: free form: options kept per question.
     conf_metric: key of the confidence used from dict-valued trace_confidence entries.
     relabel_mv: ignore `final` and use the pool majority as the pseudo-label (the official multi-run mode).
+    tie_break: ties of the pool majority (when `final` is missing or ignored): "min" (smallest option index,
+      as the official online code relabels) or "first" (earliest answer in the file).
 
   Returns:
     AnswerPools.
@@ -195,14 +198,21 @@ def read_pools(path: str, *, choices: Sequence[str] | None = ("A", "B", "C", "D"
   labels = np.array([r[3] for r in rows], np.int32)
   need = labels == MISSING
   if need.any():
-    labels[need] = pool_majority(answers[need], m)
+    labels[need] = pool_majority(answers[need], m, tie_break=tie_break)
   return AnswerPools(ids=[r[0] for r in rows], answers=answers, lengths=lengths, confidences=conf, labels=labels,
                      gold=np.array([r[4] for r in rows], np.int32), options=[r[5] for r in rows], num_options=m,
                      has_confidence=any_conf, skipped_answers=skipped, source=path)
 
 
-def pool_majority(answers_kn: np.ndarray, num_options: int, weights_kn: np.ndarray | None = None) -> np.ndarray:
-  """(K,) int32 (weighted) majority of each pool, ties to the earliest answer; -1 for an empty pool."""
+def pool_majority(answers_kn: np.ndarray, num_options: int, weights_kn: np.ndarray | None = None,
+                  tie_break: str = "min") -> np.ndarray:
+  """(K,) int32 (weighted) majority of each pool; -1 for an empty pool.
+
+  Ties go to the smallest option index ("min") or to the earliest answer ("first"), as in
+  `self_consistency.vote` (a numpy reference of it, for host-side labels).
+  """
+  if tie_break not in ("min", "first"):
+    raise ValueError(f"tie_break={tie_break!r}: use 'min' or 'first'")
   answers_kn = np.asarray(answers_kn)
   w = np.ones(answers_kn.shape) if weights_kn is None else np.asarray(weights_kn, np.float64)
   out = np.full(len(answers_kn), -1, np.int32)
@@ -212,13 +222,20 @@ def pool_majority(answers_kn: np.ndarray, num_options: int, weights_kn: np.ndarr
       continue
     tot = np.bincount(row[ok], weights=wr[ok], minlength=num_options)
     best = np.flatnonzero(tot == tot.max())
-    firsts = [int(np.flatnonzero(row == b)[0]) for b in best]
-    out[i] = best[int(np.argmin(firsts))]
+    if tie_break == "min":
+      out[i] = best[0]
+    else:
+      firsts = [int(np.flatnonzero(row == b)[0]) for b in best]
+      out[i] = best[int(np.argmin(firsts))]
   return out
 
 
-def majority_answer(answers: Sequence[str]) -> str | None:
-  """Most frequent non-empty answer string (ties: the earliest); None when there is none."""
+def majority_answer(answers: Sequence[str], unique: bool = False) -> str | None:
+  """Most frequent non-empty answer string; None when there is none.
+
+  Ties go to the earliest answer, or, with `unique`, give None (a tied pool has no majority to write as
+  `final`; `read_pools` then labels it by its own tie rule, the one the votes use).
+  """
   counts: dict[str, int] = {}
   for a in answers:
     if a:
@@ -226,6 +243,8 @@ def majority_answer(answers: Sequence[str]) -> str | None:
   if not counts:
     return None
   top = max(counts.values())
+  if unique and sum(c == top for c in counts.values()) > 1:
+    return None
   return next(a for a in answers if a and counts[a] == top)
 
 

@@ -10,8 +10,9 @@ read, nothing is downloaded). PROMPTS.jsonl holds one object per line: `prompt` 
 `id` and gold `answer` / `correct_answer`. Each prompt is encoded as BOS + prompt (the SFT prompt format) and
 sampled `n` times with the KV-cache sampler (`jaxlab.lm.generate`, stop at EOS); a completion's answer is the
 first capture group of `--answer_regex` (or the whole match; default: the stripped completion). Output lines:
-`id`, `question`, `answers` (n strings), `final` (their majority, ties to the earliest, null when every answer
-is empty), `answer` (gold, when given), `trace_confidence` ([{"mean_confidence": c, "mean_logprob": l}] per
+`id`, `question`, `answers` (n strings), `final` (their majority; null when every answer is empty or the top
+count is tied, so that the reader's tie rule labels the pool the way votes are scored), `answer` (gold, when
+given), `trace_confidence` ([{"mean_confidence": c, "mean_logprob": l}] per
 answer, where l is the mean log-probability of the sampled tokens and c = exp(l), their geometric-mean
 probability: a stand-in for DeepConf's top-k token confidence, which the sampler does not expose).
 The file is written atomically (nothing is left behind on failure).
@@ -118,7 +119,7 @@ def sample_pools(model, tokenizer, prompts: list[dict[str, Any]], *, n: int, max
       confs[qi].append({"mean_confidence": math.exp(mean_lp), "mean_logprob": mean_lp})
   records = []
   for p, a, c in zip(prompts, answers, confs):
-    rec = {"id": p["id"], "question": p["prompt"], "answers": a, "final": pools.majority_answer(a),
+    rec = {"id": p["id"], "question": p["prompt"], "answers": a, "final": pools.majority_answer(a, unique=True),
            "trace_confidence": c}
     if p["answer"] is not None:
       rec["answer"] = p["answer"]

@@ -6,20 +6,28 @@ self-consistency of q is SC_q(b) = P(MV(b samples) = y*_q) and the self-consiste
 fraction of questions whose vote agrees with y*_q (in practice: with the majority vote of a large pool).
 
 Votes work on integer answers in [0, M) (-1 = no answer / padding) and run on device (jnp, shardable over the
-question axis). Ties are broken either by the smallest option index ("min") or by the option seen first
-("first", the official offline code's rule); `first_seen` gives the position of each option's first vote.
+question axis). Ties are broken either by the smallest option index ("min", the default and the official online
+code's rule for its labels and votes) or by the option seen first ("first", the official offline code's vote);
+`first_seen` gives the position of each option's first vote. Labels and votes must use the same rule: "min"
+does not depend on the order in which answers were collected, so any method that ends up holding a question's
+whole pool votes its label; with "first" an allocator that draws the pool in another order than the label's
+may not.
 
 `mv_accuracy_curve(theta, k_max)` is exact: A(k) = P(MV of k iid draws from Categorical(theta) = label) with
 ties split uniformly, computed by a generating function over the other options' counts (no enumeration of
 the M^k sequences), so it is cheap for any M and k up to a few hundred. `probit_fit` fits
 A(k) ~ Phi(a sqrt(k) + b) by least squares in probit space; `probit_gain` gives the stable marginal gain
 A(k + 1) - A(k) from log survival functions (no 1 - 1 cancellation when A saturates).
+
+`budget_saving` is the paper's headline statistic on a budget sweep: the first budget at which a method's
+self-consistency rate reaches a level (1.0: perfect self-consistency), its realised spend there, and the
+saving 1 - spend / (the baseline's first budget reaching the same level).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -84,7 +92,7 @@ def majority_vote(counts_km: jax.Array, first_km: jax.Array | None = None) -> ja
 
 
 def vote(answers_kn: jax.Array, num_options: int, *, weights_kn: jax.Array | None = None,
-         budget_k: jax.Array | int | None = None, tie_break: str = "first") -> jax.Array:
+         budget_k: jax.Array | int | None = None, tie_break: str = "min") -> jax.Array:
   """Majority (or confidence-weighted, with `weights_kn`) vote of each question's first `budget_k` answers.
 
   Args:
@@ -92,7 +100,7 @@ def vote(answers_kn: jax.Array, num_options: int, *, weights_kn: jax.Array | Non
     num_options: M.
     weights_kn: optional (K, N) float confidences (weighted vote).
     budget_k: None (all N), an int, or (K,) ints: only the first budget_k[q] answers of row q vote.
-    tie_break: "first" (earliest answer among the tied options) or "min" (smallest option index).
+    tie_break: "min" (smallest option index) or "first" (earliest answer among the tied options).
 
   Returns:
     (K,) int32 winners, -1 where no answer voted.
@@ -138,6 +146,40 @@ def sc_rate(pred_k: jax.Array, label_k: jax.Array, mask_k: jax.Array | None = No
     use = use & jnp.asarray(mask_k)
   hits = jnp.sum((jnp.asarray(pred_k) == label_k) & use & (label_k >= 0))
   return (hits / jnp.maximum(jnp.sum(use), 1)).astype(jnp.float32)
+
+
+def first_budget_reaching(rates: Mapping[int, float], level: float) -> int | None:
+  """Smallest budget whose rate is >= level (None when none is): {budget: SC rate} -> budget."""
+  hits = [b for b, v in rates.items() if v is not None and v >= level]
+  return min(hits) if hits else None
+
+
+def budget_saving(method_rates: Mapping[int, float], method_spend: Mapping[int, float],
+                  base_rates: Mapping[int, float], level: float = 1.0) -> dict:
+  """Budget saving of a method over a baseline at a self-consistency level, on a budget sweep.
+
+  b_base = the first (smallest) budget at which the baseline's rate reaches `level`; b_method = the first
+  budget at which the method's does; spend = the method's realised average spend at b_method (an online
+  policy may spend less than its nominal average budget); saving = 1 - spend / b_base (the official code's
+  "budget at perfect consistency" comparison with level = 1). Rates are exact fractions of questions, so
+  level = 1.0 means every question agrees with its label.
+
+  Args:
+    method_rates: {budget: the method's SC rate}.
+    method_spend: {budget: the method's realised answers per question} (keys as in method_rates).
+    base_rates: {budget: the baseline's SC rate} (the baseline spends its budget).
+    level: the self-consistency level.
+
+  Returns:
+    {"base_budget", "method_budget", "method_spend", "saving", "nominal_saving"} (nominal: 1 - b_method /
+    b_base); entries are None where a curve never reaches the level.
+  """
+  b_base = first_budget_reaching(base_rates, level)
+  b_m = first_budget_reaching(method_rates, level)
+  spend = None if b_m is None else float(method_spend[b_m])
+  ok = b_base is not None and b_m is not None
+  return {"base_budget": b_base, "method_budget": b_m, "method_spend": spend,
+          "saving": 1.0 - spend / b_base if ok else None, "nominal_saving": 1.0 - b_m / b_base if ok else None}
 
 
 # ------------------------------------------------------------------------------------- exact A(k) curves

@@ -21,6 +21,36 @@ def test_sinusoid_periods():
   assert np.argmax(spec) == 512 // 64
 
 
+def test_finer_step_is_the_same_process_sampled_finer():
+  """step = 1 / m: every m-th sample has the distribution of the step-1 series (the same time span, m x finer)."""
+  m = 4
+  x = timeseries.multiscale_series(np.random.default_rng(2), 64, 4000 * m, 1, periods=(), rho=0.9, sigma=0.1,
+                                   step=1 / m)
+  sub = x[:, m - 1::m]
+  np.testing.assert_allclose(sub.var(), 0.01 / (1 - 0.81), rtol=0.05)        # stationary variance kept
+  lag = lambda v: np.mean(v[:, 1:] * v[:, :-1]) / np.mean(v * v)
+  np.testing.assert_allclose(lag(sub), 0.9, atol=0.01)                        # rho per time unit
+  np.testing.assert_allclose(lag(x), 0.9 ** (1 / m), atol=0.005)             # rho^(1/m) per fine step
+  # The sinusoids: the same draws, sampled at t = i / m (noise off).
+  kw = dict(periods=(8, 64), rho=0.0, sigma=1e-9)
+  unit = timeseries.multiscale_series(np.random.default_rng(3), 3, 64, 2, **kw)
+  fine = timeseries.multiscale_series(np.random.default_rng(3), 3, 64 * m, 2, step=1 / m, **kw)
+  np.testing.assert_allclose(fine[:, ::m], unit, atol=1e-5)
+  t = np.arange(64 * m) / m                                                     # brute force, one channel
+  a_phi = np.random.default_rng(3)
+  want = np.zeros(64 * m)
+  for p in (8, 64):
+    a, phi = a_phi.uniform(0.5, 1.5, size=(3, 1, 2)), a_phi.uniform(0, 2 * np.pi, size=(3, 1, 2))
+    want += a[1, 0, 0] * np.sin(2 * np.pi * t / p + phi[1, 0, 0])
+  np.testing.assert_allclose(fine[1, :, 0], want, atol=1e-5)
+  assert np.array_equal(timeseries.multiscale_series(np.random.default_rng(4), 2, 50, 1),
+                        timeseries.multiscale_series(np.random.default_rng(4), 2, 50, 1, step=1.0))
+  with pytest.raises(DataError, match="step must be > 0"):
+    timeseries.multiscale_series(np.random.default_rng(0), 1, 8, 1, step=0)
+  with pytest.raises(DataError, match="negative rho"):
+    timeseries.multiscale_series(np.random.default_rng(0), 1, 8, 1, rho=-0.5, step=0.5)
+
+
 def _write(path, rows):
   path.write_text("\n".join(",".join(map(str, r)) for r in rows) + "\n")
   return str(path)

@@ -61,3 +61,24 @@ def test_init_scale_and_nnx_module():
   assert m(jnp.zeros((2, 5), jnp.int32)).shape == (2, 5, 50)
   with pytest.raises(ValueError, match="batch, length"):
     m(jnp.zeros((5,), jnp.int32))
+
+
+def test_table_logits_and_gradients_match_the_explicit_forward():
+  """logits_from_tables (what the loss uses) == forward's X W_Q W_K^T X^T form, values and gradients."""
+  rng = np.random.default_rng(2)
+  p = ao.init_params(jax.random.key(2), 9, 6, 0.6, value_identity=False)
+  tokens = jnp.asarray(rng.integers(0, 9, (4, 7)))
+  np.testing.assert_allclose(np.asarray(ao.logits_from_tables(p, tokens)), np.asarray(ao.forward(p, tokens)[0]),
+                             rtol=1e-5, atol=1e-6)
+  ref_l, _ = _numpy_forward(p, np.asarray(tokens))
+  np.testing.assert_allclose(np.asarray(ao.logits_from_tables(p, tokens)), ref_l, rtol=1e-4, atol=1e-5)
+
+  def explicit_loss(params):
+    logits, _ = ao.forward(params, tokens[:, :-1])
+    logp = jax.nn.log_softmax(logits, -1)
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
+
+  g_ref = jax.grad(explicit_loss)(p)
+  g = jax.grad(ao.next_token_loss)(p, tokens)
+  for n in ao.PARAM_NAMES:
+    np.testing.assert_allclose(np.asarray(g[n]), np.asarray(g_ref[n]), rtol=1e-4, atol=1e-7, err_msg=n)

@@ -125,3 +125,118 @@ def test_chunked_levels_read_out_is_invariant_to_a_longer_past():
     np.testing.assert_allclose(long_ys[k][:, -1], short_ys[k][:, -1], rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="must be 0 or divide"):
     _model(chunk=3)
+
+
+# --- a finer-sampled input: the scale offset ------------------------------------------------------------
+
+def _trained_like(m, seed=0, delta=0.4):
+  """Moves a fresh model away from its init so that the identities below are not trivial: Delta ~ `delta`
+  (so a wrong scale shows), non-uniform coarse-graining weights, a non-identity value map."""
+  rng = np.random.default_rng(seed)
+  mixer = m.layers[0].mixer
+  d_inner = mixer.dt_proj.bias.shape[0]
+  mixer.dt_proj.bias[...] = jnp.full((d_inner,), np.log(np.expm1(delta)), jnp.float32)
+  if m.coarse is not None:
+    d = m.coarse.score.shape[0]
+    m.coarse.score[...] = jnp.asarray(rng.normal(size=d), jnp.float32)
+    m.coarse.value[...] = jnp.asarray(np.eye(d) + 0.3 * rng.normal(size=(d, d)), jnp.float32)
+  return m
+
+
+_fine_levels = nnx.jit(lambda m, x, offset, fine: m.levels(x, offset=offset, fine=fine), static_argnums=(2, 3))
+
+
+def test_finer_input_adds_finer_levels_and_keeps_the_trained_scales():
+  m = _trained_like(_model())
+  x = jax.random.normal(jax.random.key(4), (2, 128, 3))       # 4x the training length 32 (3 levels)
+  xs, ys = _fine_levels(m, x, 2, "levels")
+  assert [y.shape[1] for y in ys] == [128, 64, 32, 16, 8]
+  # Levels 0, 1 are new (Delta / 4, Delta / 2); levels 2.. keep the trained 1, 2, 4.
+  for k, s in enumerate((0.25, 0.5, 1.0, 2.0, 4.0)):
+    assert m.scale(k, 2) == s
+  for k in (0, 2, 4):                                          # a new level, the finest and coarsest trained
+    np.testing.assert_allclose(ys[k], _layer(m, xs[k], m.scale(k, 2)), rtol=1e-6, atol=1e-6)
+  # Without the offset the same input is a longer one: the finest level runs at 1, the coarsest at 16.
+  _, ys_long = _levels(m, x)
+  assert not np.allclose(ys_long[0], ys[0], atol=1e-3)
+  ab = _model("no_delta_scale")
+  assert [ab.scale(k, 2) for k in range(5)] == [1.0] * 5      # the ablation scales nothing
+
+
+_held = nnx.jit(lambda m, u, fine: (m.levels(u)[1], m.levels(fine, offset=2, fine="refine")[1],
+                                     m.levels(fine, offset=1, fine="refine")[1], m(u),
+                                     m(fine, offset=2, fine="refine")))
+
+
+def test_refine_reproduces_the_trained_rate_model_on_a_held_input():
+  """ZOH, input held over each trained step: the fine-rate model's level states equal the trained-rate model's."""
+  m = _trained_like(_model(discretization="zoh", aggregate="top_down"))
+  u = jax.random.normal(jax.random.key(5), (2, 32, 3))         # trained rate: 3 levels (32, 16, 8)
+  fine = jnp.repeat(u, 4, axis=1)                              # the same span sampled 4x finer, held
+  ys, yf, y_wrong, out, out_fine = _held(m, u, fine)
+  assert [y.shape[1] for y in yf] == [32, 16, 8]
+  for a, b in zip(yf, ys):                                     # every level at every trained step
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+  np.testing.assert_allclose(out_fine, out, rtol=0, atol=1e-5)
+  # A wrong offset (Delta / 2 on the 4x finer input) or Mamba's Euler rule for B break it.
+  assert float(jnp.max(jnp.abs(y_wrong[0][:, 1::2] - ys[0]))) > 1e-2
+  e = _trained_like(_model(discretization="euler", aggregate="top_down"))
+  ye, yef, _, _, _ = _held(e, u, fine)
+  assert float(jnp.max(jnp.abs(yef[0] - ye[0]))) > 1e-3
+
+
+def test_levels_mode_matches_the_trained_level_only_at_its_own_level():
+  """fine="levels": the finest level (Delta / 4) read at the trained steps equals the trained level 0 (a
+  pointwise conv, so the held window is all the conv sees); its coarser levels then see its outputs, which
+  vary inside a held step, so they differ from the trained model's."""
+  m = _trained_like(_model(discretization="zoh", d_conv=1))
+  u = jax.random.normal(jax.random.key(6), (2, 32, 3))
+  _, ys = _levels(m, u)
+  _, yq = _fine_levels(m, jnp.repeat(u, 4, axis=1), 2, "levels")
+  np.testing.assert_allclose(yq[0][:, 3::4], ys[0], rtol=0, atol=1e-5)
+  assert not np.allclose(yq[2], ys[0], atol=1e-3)
+
+
+def test_dilated_conv_matches_brute_force_and_the_block_conv():
+  m = _model(d_conv=4)
+  conv = m.layers[0].mixer.conv1d
+  conv.bias[...] = jnp.linspace(-1, 1, conv.bias.shape[0])
+  x = jax.random.normal(jax.random.key(7), (2, 24, conv.kernel.shape[1]))
+  np.testing.assert_array_equal(multiscale.DilatedConv(conv, 1)(x), conv(x))
+  w, b = np.asarray(conv.kernel[...]), np.asarray(conv.bias[...])
+  xn = np.asarray(x)
+  want = np.zeros_like(xn)
+  for t in range(24):
+    want[:, t] = b + sum(w[j] * xn[:, t - (3 - j) * 3] for j in range(4) if t - (3 - j) * 3 >= 0)
+  np.testing.assert_allclose(multiscale.DilatedConv(conv, 3)(x), want, rtol=1e-5, atol=1e-6)
+  # On a 3x finer sequence, every 3rd output is the block's conv of the subsampled sequence, bit for bit.
+  np.testing.assert_array_equal(multiscale.DilatedConv(conv, 3)(x)[:, 2::3], conv(x[:, 2::3]))
+  # The layer call restores the block's own conv.
+  _fine_levels(m, jnp.ones((1, 64, 3)), 1, "refine")
+  assert type(m.layers[0].mixer.conv1d).__name__ == "_CausalConv1d"
+
+
+_readouts = nnx.jit(lambda m, x: (m.levels(x, offset=2, fine="levels")[1], m(x, offset=2, fine="levels",
+                                   readout="coarse"), m(x, offset=2, fine="levels", readout="all")))
+
+
+def test_coarse_readout_aggregates_the_trained_levels_only():
+  m = _trained_like(_model(aggregate="top_down"))
+  x = jax.random.normal(jax.random.key(8), (2, 128, 3))
+  ys, coarse, every = _readouts(m, x)
+  feats, _ = m.features(ys[2:])
+  np.testing.assert_allclose(coarse, m.head(m.head_norm(feats)), rtol=1e-5, atol=1e-6)
+  assert not np.allclose(every, coarse, atol=1e-4)
+  assert m.readout_skip(2, "refine", "coarse") == 0 and m.readout_skip(2, "levels", "coarse") == 2
+
+
+def test_finer_input_bad_arguments():
+  m = _model()
+  with pytest.raises(ValueError, match="fine must be one of"):
+    m.levels(jnp.ones((1, 32, 3)), offset=1, fine="finer")
+  with pytest.raises(ValueError, match="readout must be one of"):
+    m(jnp.ones((1, 32, 3)), readout="fine")
+  with pytest.raises(ValueError, match="offset must be >= 0"):
+    m.levels(jnp.ones((1, 32, 3)), offset=-1)
+  with pytest.raises(ValueError, match="not divisible by ratio"):
+    m.levels(jnp.ones((1, 34, 3)), offset=2, fine="refine")

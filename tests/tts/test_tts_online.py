@@ -62,9 +62,18 @@ def test_greedy_plan_respects_the_budget_and_is_maximal():
     bbar = float(rng.uniform(4, 30))
     plan = online.greedy_bucket_plan(model, bbar, b_max=64, k0=4)
     spent = math.fsum(pi * plan)
-    assert spent <= bbar and plan.min() >= 4 and plan.max() <= 64
+    assert spent <= bbar + 1e-12 and plan.min() >= 4 and plan.max() <= 64
     # No bucket below the cap can take one more answer within the budget.
-    assert all(plan[t] == 64 or spent + pi[t] > bbar for t in range(5)), trial
+    assert all(plan[t] == 64 or spent + pi[t] > bbar + 1e-12 for t in range(5)), trial
+
+
+def test_greedy_plan_fills_every_bucket_at_the_cap():
+  # pi_t summing to 1 only up to rounding must not leave a bucket one answer short at avg_budget = b_max
+  # (with a tied pool that answer decides whether the vote can reach the label).
+  pi = np.array([0.1, 0.2, 0.3, 0.15, 0.25]) * (1 + 2e-16)
+  assert math.fsum(pi * 64) > 64
+  model = _model(pi, [(0.8, 0.5), (0.5, 0.2), (0.3, 0.0), (0.2, -0.2), (0.1, -0.3)])
+  np.testing.assert_array_equal(online.greedy_bucket_plan(model, 64, b_max=64, k0=4), [64] * 5)
 
 
 def test_greedy_plan_unseen_buckets_and_errors():

@@ -42,10 +42,22 @@ def test_free_form_options_and_relabel(tmp_path):
   assert pools.read_pools(path, choices=None, max_options=3, relabel_mv=True).labels[0] == 1
 
 
-def test_pool_majority_ties_go_to_the_earliest_answer():
-  np.testing.assert_array_equal(pools.pool_majority(np.array([[2, 1, 1, 2], [-1, -1, -1, -1]]), 3), [2, -1])
+def test_pool_majority_tie_rules():
+  rows = np.array([[2, 1, 1, 2], [-1, -1, -1, -1], [3, 0, 3, 1]])
+  np.testing.assert_array_equal(pools.pool_majority(rows, 4), [1, -1, 3])                    # default: smallest
+  np.testing.assert_array_equal(pools.pool_majority(rows, 4, tie_break="first"), [2, -1, 3])  # earliest answer
+  with pytest.raises(ValueError, match="tie_break"):
+    pools.pool_majority(rows, 4, tie_break="last")
   assert pools.majority_answer(["b", "", "a", "a", "b"]) == "b"
+  assert pools.majority_answer(["b", "", "a", "a", "b"], unique=True) is None                 # tied: no `final`
+  assert pools.majority_answer(["b", "a", "a"], unique=True) == "a"
   assert pools.majority_answer(["", ""]) is None
+
+
+def test_missing_final_is_labelled_by_the_readers_tie_rule(tmp_path):
+  path = _write(tmp_path / "t.jsonl", [{"answers": ["B", "A", "B", "A"]}, {"answers": ["C", "D", "D"], "final": "C"}])
+  assert pools.read_pools(path).labels.tolist() == [0, 2]                   # "min": A; a given final is kept
+  assert pools.read_pools(path, tie_break="first").labels.tolist() == [1, 2]
 
 
 @pytest.mark.parametrize("lines,message", [

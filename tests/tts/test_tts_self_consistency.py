@@ -113,3 +113,24 @@ def test_probit_gain_is_stable_when_saturated():
   g = sc.probit_gain(np.array([100.0, 101.0]), 3.0, 5.0)      # Phi(35) == 1.0 in float64
   assert np.all(g > 0) and np.all(np.isfinite(g)) and g[0] > g[1]
   assert sc.probit_gain(4.0, -0.5, 0.0) < 0
+
+
+def test_vote_default_is_the_smallest_option():
+  tied = np.array([[2, 1, 1, 2], [3, 3, 0, 0]], np.int32)
+  np.testing.assert_array_equal(sc.vote(tied, 4), [1, 0])
+  np.testing.assert_array_equal(sc.vote(tied, 4, tie_break="first"), [2, 3])
+
+
+def test_budget_saving_first_budgets_and_spend():
+  base = {4: 0.9, 8: 1.0, 12: 0.99, 16: 1.0}          # not monotone: the FIRST budget at the level counts
+  meth = {4: 0.95, 8: 0.99, 12: 1.0, 16: 1.0}
+  got = sc.budget_saving({4: 1.0, 8: 1.0}, {4: 3.5, 8: 7.0}, base)
+  assert got == {"base_budget": 8, "method_budget": 4, "method_spend": 3.5, "saving": 1 - 3.5 / 8,
+                 "nominal_saving": 0.5}
+  got = sc.budget_saving(meth, {b: b - 0.5 for b in meth}, base)
+  assert got["method_budget"] == 12 and got["saving"] == pytest.approx(1 - 11.5 / 8)   # negative: the method is worse
+  got = sc.budget_saving(meth, {b: float(b) for b in meth}, base, level=0.95)
+  assert (got["base_budget"], got["method_budget"], got["saving"]) == (8, 4, 0.5)
+  never = sc.budget_saving({4: 0.5}, {4: 4.0}, base)
+  assert never["method_budget"] is None and never["saving"] is None and never["base_budget"] == 8
+  assert sc.first_budget_reaching({}, 1.0) is None
