@@ -16,7 +16,7 @@ def _packages():
 # One extra per optional dependency group; later papers add theirs here (and to "all").
 EXTRAS = {
     "tensorboard": ["tensorboardX>=2.6"],
-    "hf": ["safetensors>=0.4"],
+    "hf": ["safetensors>=0.5"],   # bfloat16 in its numpy API
     "tokenizers": ["tokenizers>=0.15"],
     "timeseries": ["statsmodels>=0.14"],   # DF-Mamba's offline real series (co2)
     "ot": ["ott-jax>=0.5", "POT>=0.9"],     # Gaussian OT (SLOT-Align), exact W1 (diffusion subspaces)

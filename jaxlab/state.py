@@ -98,7 +98,14 @@ class ModelDef:
 
 
 def _pure_specs(state: nnx.State) -> Any:
-  specs = nnx.get_partition_spec(state).to_pure_dict()
+  """The LOGICAL PartitionSpecs of a state's variables (pure dict).
+
+  Read with an empty rules context: inside `jaxlab.mesh.use`, flax's `get_partition_spec` would already map
+  the names through the rules in context, and `tree_shardings` (which maps logical names) would then drop
+  the resulting mesh-axis names and replicate every parameter.
+  """
+  with nnx.logical_axis_rules(()):
+    specs = nnx.get_partition_spec(state).to_pure_dict()
   return jax.tree.map(lambda s: s, specs, is_leaf=lambda x: isinstance(x, P))
 
 
@@ -126,8 +133,9 @@ def train_state_shardings(modeldef: ModelDef, tx: optax.GradientTransformation, 
   rest_sh = tree_shardings(modeldef.model_state_specs, rest_abs, mesh, rules)
   opt_abs = jax.eval_shape(tx.init, params_abs)
   repl = mesh_lib.replicated(mesh)
-  opt_sh = optax.tree_utils.tree_map_params(
-      tx, lambda _, sh: sh, opt_abs, params_sh, transform_non_params=lambda _: repl)
+  opt_sh = optax.tree_utils.tree_map_params(   # MaskedNode: a parameter without state (e.g. LoRA's frozen base)
+      tx, lambda _, sh: sh, opt_abs, params_sh, transform_non_params=lambda _: repl,
+      is_leaf=lambda x: isinstance(x, optax.MaskedNode))
   return TrainState(step=repl, params=params_sh, model_state=rest_sh, opt_state=opt_sh, rng=repl)
 
 
@@ -158,8 +166,13 @@ def create_train_state(modeldef: ModelDef, tx: optax.GradientTransformation, mes
 
 
 def abstract_with_shardings(shardings: Any, like: Any) -> Any:
-  """ShapeDtypeStructs carrying shardings: the restore target of a checkpoint on the current mesh."""
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), like, shardings)
+  """ShapeDtypeStructs carrying shardings: the restore target of a checkpoint on the current mesh.
+
+  `optax.MaskedNode`s of `like` (optimizer state that a parameter does not have) stay as they are.
+  """
+  def one(x, s):
+    return x if isinstance(x, optax.MaskedNode) else jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+  return jax.tree.map(one, like, shardings, is_leaf=lambda x: isinstance(x, optax.MaskedNode))
 
 
 def param_count(params: Any) -> int:

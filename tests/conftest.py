@@ -25,3 +25,32 @@ def toy():
 @pytest.fixture(scope="session")
 def root():
   return ROOT
+
+
+def _mapping_count() -> int:
+  try:
+    with open("/proc/self/maps") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return -1
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_code(request):
+  """Drops jax's compilation caches after every test module.
+
+  Each compiled XLA:CPU executable keeps its own memory mappings for its machine code; one process running
+  the whole suite compiles thousands of them and reaches Linux's `vm.max_map_count` (65530 by default),
+  after which LLVM's allocations fail inside a compile (a segmentation fault). Freeing the executables of
+  finished modules keeps the count bounded.
+  """
+  yield
+  import gc
+  import jax
+  before = _mapping_count()
+  jax.clear_caches()
+  gc.collect()
+  log = os.environ.get("JAXLAB_MAPS_LOG")
+  if log:
+    with open(log, "a") as f:
+      f.write(f"{request.module.__name__} {before} {_mapping_count()}\n")

@@ -53,6 +53,17 @@ def test_sharded_init_places_every_leaf_on_the_mesh():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_model_built_inside_the_mesh_context_keeps_its_logical_specs():
+  """`fit` builds its ModelDef inside `mesh.use`: the specs must stay logical so the rules shard them (a
+  regression: flax resolved them through the rules in context and every parameter came out replicated)."""
+  m = mesh_lib.make_mesh((("data", 4), ("model", 2)))
+  with mesh_lib.use(m, "fsdp"):
+    md = ModelDef(lambda rngs: MLP(8, [16, 16], 4, rngs=rngs))
+    state, _ = create_train_state(md, optax.adamw(1e-3), m, mesh_lib.current_rules(), seed=0)
+  assert md.param_specs["layers"][0]["kernel"] == P("embed", "mlp")
+  assert state.params["layers"][0]["kernel"].sharding.spec == P("data", "model")
+
+
 def test_indivisible_dimension_is_a_clear_error():
   m = mesh_lib.make_mesh((("data", 4), ("model", 2)))
   md = ModelDef(lambda rngs: MLP(8, [15], 4, rngs=rngs))

@@ -4,7 +4,8 @@ On a GPU/TPU the training case is the issue's peer configuration: a 0.95B Llama 
 16 heads, MLP 5632, vocab 32000), batch 8 x 2048 tokens, bf16 compute with float32 params, AdamW; MFU =
 model FLOPs (6 N + attention, `flops_per_token`) per second / the device's dense bf16 peak. The peer numbers
 on an H200 (from the issue): Hugging Face transformers + torch eager 64,100 tokens/s (42% MFU), torch.compile
-78,500 tokens/s (52% MFU). On CPU a tiny configuration runs and is reported only.
+78,500 tokens/s (52% MFU). Attention is "auto": TPU splash or GPU Pallas flash attention with the batch's
+segment ids (`jaxlab.lm.attention`). On CPU a tiny configuration runs and is reported only.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _accelerator() -> bool:
 def _case():
   if _accelerator():
     cfg = TransformerConfig(vocab_size=32000, hidden=2048, n_layers=16, n_heads=16, mlp_hidden=5632,
-                            max_position=4096, dtype="bfloat16", param_dtype="float32", attention="xla")
+                            max_position=4096, dtype="bfloat16", param_dtype="float32", attention="auto")
     return cfg, 8, 2048
   cfg = TransformerConfig(vocab_size=4096, hidden=256, n_layers=4, n_heads=4, mlp_hidden=1024, max_position=512)
   return cfg, 4, 256

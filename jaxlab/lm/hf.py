@@ -343,10 +343,6 @@ def _abstract_params(config: TransformerConfig) -> Any:
 # safetensors reading / writing
 # ----------------------------------------------------------------------------------------------------
 
-_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-              "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool"}
-
-
 def _st():
   st = require("safetensors", "hf")
   import safetensors.numpy  # noqa: F401  (submodule)
@@ -364,7 +360,7 @@ def checkpoint_files(path: str) -> list[str]:
     try:
       with open(index) as f:
         weight_map = json.load(f)["weight_map"]
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:
       raise CheckpointError(f"{index} is not a valid safetensors index ({e!r})") from None
     files = [os.path.join(path, f) for f in sorted(set(weight_map.values()))]
     missing = [f for f in files if not os.path.isfile(f)]
@@ -378,88 +374,117 @@ def checkpoint_files(path: str) -> list[str]:
   return files
 
 
+def _unreadable(file: str, e: BaseException) -> CheckpointError:
+  return CheckpointError(f"cannot read {file}: not a valid safetensors file ({' '.join(str(e).split())[:300]})")
+
+
+class TensorSource:
+  """The tensors of a checkpoint directory (or one .safetensors file), read lazily from memory-mapped files.
+
+  Only headers are read on construction. `read(name, index)` returns one tensor, or the slice `index` of it
+  (a tuple of slices), as numpy (bfloat16 as `ml_dtypes.bfloat16`) through `safetensors.safe_open`, which
+  maps the file and copies only the requested bytes; each read opens and closes its file, so no mapping
+  outlives it.
+
+  Args:
+    path: a checkpoint directory (single file or sharded with model.safetensors.index.json), a .safetensors
+      file, or a dict of name -> array (tensors already in memory).
+
+  Raises:
+    CheckpointError: missing or unreadable files; MissingDependencyError: safetensors is not installed.
+  """
+
+  def __init__(self, path: str | dict[str, np.ndarray]):
+    self._arrays = dict(path) if isinstance(path, dict) else None
+    self.shapes: dict[str, tuple[int, ...]] = {}
+    self._file: dict[str, str] = {}
+    if self._arrays is not None:
+      self.shapes = {k: tuple(np.shape(v)) for k, v in self._arrays.items()}
+      return
+    st = _st()
+    for f in [path] if os.path.isfile(path) else checkpoint_files(path):
+      try:
+        with st.safe_open(f, framework="numpy") as h:
+          for name in h.keys():
+            self.shapes[name] = tuple(int(d) for d in h.get_slice(name).get_shape())
+            self._file[name] = f
+      except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
+        raise _unreadable(f, e) from None
+
+  def names(self) -> list[str]:
+    """Every tensor name."""
+    return list(self.shapes)
+
+  def read(self, name: str, index: tuple[slice, ...] | None = None) -> np.ndarray:
+    """Tensor `name`, or its slice `index` (slices with integer start/stop/step None)."""
+    if self._arrays is not None:
+      a = np.asarray(self._arrays[name])
+      return a if index is None else a[index]
+    f = self._file[name]
+    try:
+      with _st().safe_open(f, framework="numpy") as h:
+        view = h.get_slice(name)
+        if not self.shapes[name]:          # a scalar: no slicing
+          return np.asarray(h.get_tensor(name))
+        return np.asarray(view[index if index is not None else (slice(None),)])
+    except Exception as e:  # noqa: BLE001
+      raise _unreadable(f, e) from None
+
+
 def read_safetensors(path: str) -> dict[str, np.ndarray]:
   """All tensors of a checkpoint directory (or one .safetensors file) as numpy arrays.
 
-  bfloat16 tensors come back as `ml_dtypes.bfloat16` arrays.
+  bfloat16 tensors come back as `ml_dtypes.bfloat16` arrays. For large checkpoints prefer `TensorSource`
+  (reads tensors or slices on demand) or `from_pretrained` (creates every parameter sharded).
 
   Raises:
     CheckpointError: unreadable files; MissingDependencyError: safetensors is not installed.
   """
-  st = _st()
-  files = [path] if os.path.isfile(path) else checkpoint_files(path)
-  out: dict[str, np.ndarray] = {}
-  for f in files:
-    try:
-      out.update(st.numpy.load_file(f))
-    except (KeyError, TypeError, ValueError):     # dtypes an older safetensors' numpy backend lacks (BF16)
-      out.update(_read_raw(f))
-    except Exception as e:  # noqa: BLE001  (safetensors raises its own error types)
-      raise CheckpointError(f"cannot read {f}: {' '.join(str(e).split())}") from None
-  return out
-
-
-def _read_raw(file: str) -> dict[str, np.ndarray]:
-  """Minimal safetensors reader: u64 little-endian header size, JSON header, raw little-endian data."""
-  import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy)
-  try:
-    size = os.path.getsize(file)
-    with open(file, "rb") as f:
-      n = int.from_bytes(f.read(8), "little")
-      if not 0 < n <= size - 8:
-        raise ValueError(f"header length {n} does not fit the {size}-byte file")
-      header = json.loads(f.read(n))
-      data = f.read()
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"cannot read {file}: not a valid safetensors file ({' '.join(str(e).split())})") from None
-  if not isinstance(header, dict):
-    raise CheckpointError(f"cannot read {file}: not a valid safetensors file (the header is not a JSON object)")
-  out = {}
-  for name, info in header.items():
-    if name == "__metadata__":
-      continue
-    try:
-      if info["dtype"] not in _ST_DTYPES:
-        raise CheckpointError(f"{file}: tensor {name!r} has unsupported dtype {info['dtype']!r}")
-      dt = np.dtype(ml_dtypes.bfloat16) if info["dtype"] == "BF16" else np.dtype(_ST_DTYPES[info["dtype"]])
-      start, end = (int(v) for v in info["data_offsets"])
-      shape = [int(d) for d in info["shape"]]
-      if not 0 <= start <= end <= len(data) or (end - start) != dt.itemsize * int(np.prod(shape)):
-        raise ValueError(f"data_offsets {info['data_offsets']} do not hold a {info['dtype']} tensor of shape {shape}")
-      out[name] = np.frombuffer(data[start:end], dtype=dt.newbyteorder("<")).reshape(shape)
-    except CheckpointError:
-      raise
-    except (KeyError, TypeError, ValueError) as e:
-      raise CheckpointError(f"cannot read {file}: tensor {name!r} has a malformed header entry "
-                            f"({' '.join(str(e).split())})") from None
-  return out
+  src = TensorSource(path)
+  return {name: src.read(name) for name in src.names()}
 
 
 def _write(tensors: dict[str, np.ndarray], file: str) -> None:
-  st = _st()
-  try:
-    st.numpy.save_file(tensors, file, metadata={"format": "pt"})
-  except (KeyError, TypeError, ValueError):        # bfloat16 with an older safetensors
-    _write_raw(tensors, file)
+  _st().numpy.save_file(tensors, file, metadata={"format": "pt"})
 
 
-def _write_raw(tensors: dict[str, np.ndarray], file: str) -> None:
-  """Minimal safetensors writer (the format of `_read_raw`), tensors in sorted name order."""
-  inv = {v: k for k, v in _ST_DTYPES.items()}
-  header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-  blobs, off = [], 0
-  for name in sorted(tensors):
-    a = np.ascontiguousarray(tensors[name])
-    b = a.tobytes()
-    header[name] = {"dtype": inv[a.dtype.name], "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
-    blobs.append(b)
-    off += len(b)
-  h = json.dumps(header).encode()
-  h += b" " * (-len(h) % 8)
-  with open(file, "wb") as f:
-    f.write(len(h).to_bytes(8, "little") + h)
-    for b in blobs:
-      f.write(b)
+def slice_reader(source: TensorSource, name: str, to_ours, ours_shape: tuple[int, ...], groups=None):
+  """A `jax.make_array_from_callback` callback reading only the part of tensor `name` a device holds.
+
+  Args:
+    source: the checkpoint.
+    name: the stored tensor.
+    to_ours: maps a stored block to our layout (e.g. transpose + reshape); must commute with the grouping
+      below.
+    ours_shape: the parameter's shape in our layout.
+    groups: how our axes come from stored axes: a list, per STORED axis, of the tuple of our axes it is
+      flattened from (row-major), e.g. [(2, 3), (0, 1)] for a (out, in) torch Linear stored from our
+      (in0, in1, out0, out1) kernel. None: the identity (our axis i is stored axis i).
+
+  Returns:
+    callback(index) -> numpy block of our layout: for every stored axis, the contiguous range covering our
+    index's leading axis of its group (the other axes of the group whole) is read, mapped to our layout and
+    then cut to `index`.
+  """
+  groups = [(i,) for i in range(len(ours_shape))] if groups is None else groups
+
+  def read(index):
+    index = tuple(index) + (slice(None),) * (len(ours_shape) - len(index))
+    bounds = [sl.indices(n)[:2] for sl, n in zip(index, ours_shape)]
+    stored, local = [], [slice(None)] * len(ours_shape)
+    for axes in groups:
+      lead = axes[0]
+      start, stop = bounds[lead]
+      rest = math.prod(ours_shape[a] for a in axes[1:])
+      stored.append(slice(start * rest, stop * rest))
+      local[lead] = slice(0, stop - start)
+      for a in axes[1:]:
+        local[a] = slice(*bounds[a])
+    block_shape = tuple(bounds[a][1] - bounds[a][0] if a in [g[0] for g in groups] else ours_shape[a]
+                        for a in range(len(ours_shape)))
+    block = to_ours(source.read(name, tuple(stored)), block_shape)
+    return block[tuple(local)]
+  return read
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -467,11 +492,48 @@ def _write_raw(tensors: dict[str, np.ndarray], file: str) -> None:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _checked_source(path, config: TransformerConfig):
+  """(source, {HF name: stored name}) after checking every tensor's presence and shape, one line per problem."""
+  where = path if isinstance(path, str) else "the given tensors"
+  src = TensorSource(path)
+  names = {k: k for k in src.names() if not k.endswith(_IGNORED_SUFFIXES)}
+  if names and not any(k.startswith("model.") for k in names):          # a bare base-model checkpoint
+    names = {(k if k == "lm_head.weight" else "model." + k): k for k in names}
+  abstract = _abstract_params(config)
+  used = set()
+  for e in _entries(config):
+    shape = tuple(_get(abstract, e.path).shape)
+    if e.name not in names:
+      raise CheckpointError(f"checkpoint {where} has no tensor '{e.name}' (needed by the {config.n_layers}-layer "
+                            f"{_hf_arch_of(config)} that config.json describes)")
+    got, want = src.shapes[names[e.name]], e.hf_shape(shape)
+    if tuple(got) != want:
+      raise CheckpointError(f"checkpoint tensor '{e.name}' in {where} has shape {tuple(got)}, expected {want} "
+                            "from config.json")
+    used.add(e.name)
+  ignorable = {"lm_head.weight"} if config.tie_embeddings else set()
+  extra = sorted(k for k in names if k not in used and k not in ignorable)
+  if extra:
+    raise CheckpointError(f"checkpoint {where} has unexpected tensor '{extra[0]}' ({len(extra)} unexpected in all) "
+                          "that the model from config.json does not use; config.json does not match the weights")
+  return src, names, abstract
+
+
+def _groups(e: _Entry, ndim: int):
+  """`slice_reader` groups of an entry: how our axes are flattened into the stored ones."""
+  if e.kind == "linear":
+    return [tuple(range(e.n_in, ndim)), tuple(range(e.n_in))]
+  if e.kind == "flat":
+    return [tuple(range(ndim))]
+  return None
+
+
 def load_hf_params(path: str | dict[str, np.ndarray], config: TransformerConfig) -> dict[str, Any]:
   """The parameters of `Transformer(config)` from a checkpoint, as a pure dict of numpy arrays.
 
-  The dict has the structure of `jaxlab.state.ModelDef(...).split(model)[0]` (e.g. to `jax.device_put` it
-  with the shardings of `create_train_state` and start fine-tuning), in `config.param_dtype`.
+  The dict has the structure of `jaxlab.state.ModelDef(...).split(model)[0]`, in `config.param_dtype`. The
+  whole model passes through host memory: for large models use `load_hf_arrays` / `from_pretrained`, which
+  create each parameter directly with its sharding.
 
   Args:
     path: checkpoint directory, or a dict of HF tensor name -> array (e.g. from `read_safetensors`).
@@ -483,37 +545,68 @@ def load_hf_params(path: str | dict[str, np.ndarray], config: TransformerConfig)
   Raises:
     CheckpointError: a missing, unexpected or mis-shaped tensor (one line naming it).
   """
-  where = path if isinstance(path, str) else "the given tensors"
-  tensors = read_safetensors(path) if isinstance(path, str) else dict(path)
-  tensors = {k: v for k, v in tensors.items() if not k.endswith(_IGNORED_SUFFIXES)}
-  if tensors and not any(k.startswith("model.") for k in tensors):          # a bare base-model checkpoint
-    tensors = {(k if k == "lm_head.weight" else "model." + k): v for k, v in tensors.items()}
-  abstract = _abstract_params(config)
+  src, names, abstract = _checked_source(path, config)
   pdt = config.params_dtype
   out: dict[str, Any] = {}
-  used = set()
   for e in _entries(config):
     shape = tuple(_get(abstract, e.path).shape)
-    if e.name not in tensors:
-      raise CheckpointError(f"checkpoint {where} has no tensor '{e.name}' (needed by the {config.n_layers}-layer "
-                            f"{_hf_arch_of(config)} that config.json describes)")
-    t = tensors[e.name]
-    want = e.hf_shape(shape)
-    if tuple(t.shape) != want:
-      raise CheckpointError(f"checkpoint tensor '{e.name}' in {where} has shape {tuple(t.shape)}, expected {want} "
-                            "from config.json")
-    _set(out, e.path, np.asarray(e.from_hf(np.asarray(t), shape)).astype(pdt))
-    used.add(e.name)
-  ignorable = {"lm_head.weight"} if config.tie_embeddings else set()
-  extra = sorted(k for k in tensors if k not in used and k not in ignorable)
-  if extra:
-    raise CheckpointError(f"checkpoint {where} has unexpected tensor '{extra[0]}' ({len(extra)} unexpected in all) "
-                          "that the model from config.json does not use; config.json does not match the weights")
+    _set(out, e.path, np.asarray(e.from_hf(np.asarray(src.read(names[e.name])), shape)).astype(pdt))
   return out
+
+
+def load_hf_arrays(path: str | dict[str, np.ndarray], config: TransformerConfig, shardings: Any = None) -> Any:
+  """The parameters of `Transformer(config)` as jax Arrays created directly with their shardings.
+
+  Each parameter is built by `jax.make_array_from_callback`: every device of this process reads only the
+  block of the stored tensor it holds (memory-mapped, cast to `config.param_dtype` on the fly), so the host
+  never holds more than one tensor's block at a time, and on several hosts each reads only its own part.
+
+  Args:
+    path: checkpoint directory (or a dict of HF name -> array).
+    config: the architecture.
+    shardings: pure dict (like the parameters) of `jax.sharding.Sharding`; default: the model's logical
+      axis names mapped by the mesh and rules in context (`jaxlab.mesh.use`), or the default device when no
+      mesh is in context.
+
+  Returns:
+    Pure dict of jax Arrays (the structure of `load_hf_params`).
+
+  Raises:
+    CheckpointError: a missing, unexpected or mis-shaped tensor.
+  """
+  src, names, abstract = _checked_source(path, config)
+  if shardings is None:
+    shardings = param_shardings(config)
+  pdt = config.params_dtype
+  out: dict[str, Any] = {}
+  for e in _entries(config):
+    shape = tuple(_get(abstract, e.path).shape)
+    to_ours = (lambda t, bs: t.T.reshape(bs)) if e.kind == "linear" else (lambda t, bs: t.reshape(bs))
+    read = slice_reader(src, names[e.name], to_ours, shape, _groups(e, len(shape)))
+    _set(out, e.path, jax.make_array_from_callback(shape, _get(shardings, e.path),
+                                                   lambda idx, r=read: np.asarray(r(idx)).astype(pdt)))
+  return out
+
+
+def param_shardings(config: TransformerConfig) -> Any:
+  """Shardings of `Transformer(config)`'s parameters: logical names under the mesh and rules in context, or
+  the default device without a (multi-device) mesh."""
+  from jaxlab import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from jaxlab import state as state_lib  # pylint: disable=g-import-not-at-top
+  md = state_lib.ModelDef(lambda rngs: Transformer(config, rngs=rngs))
+  abstract = md.abstract()[0]
+  mesh = mesh_lib.current_mesh()
+  if not isinstance(mesh, jax.sharding.Mesh):
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    return jax.tree.map(lambda _: one, abstract)
+  return state_lib.tree_shardings(md.param_specs, abstract, mesh, mesh_lib.current_rules())
 
 
 def from_pretrained(path: str, dtype=jnp.float32, **overrides) -> Transformer:
   """Loads a local Hugging Face Llama / Qwen2 / OPT checkpoint directory (nothing is downloaded).
+
+  Parameters are created already sharded (`load_hf_arrays`): under a mesh in context (`jaxlab.mesh.use`) each
+  device reads only its block of each memory-mapped tensor; without one they go to the default device.
 
   Args:
     path: directory with config.json and *.safetensors (single file or sharded with
@@ -521,7 +614,7 @@ def from_pretrained(path: str, dtype=jnp.float32, **overrides) -> Transformer:
     dtype: compute dtype of the returned model (a dtype or its name); parameters are `param_dtype`
       (float32 unless overridden).
     **overrides: further `TransformerConfig` fields, e.g. remat=True, param_dtype="bfloat16",
-      attention="cudnn".
+      attention="splash".
 
   Returns:
     A `Transformer` holding the checkpoint's weights; `model(tokens_bl)` gives (batch, length, vocab)
@@ -534,25 +627,30 @@ def from_pretrained(path: str, dtype=jnp.float32, **overrides) -> Transformer:
     MissingDependencyError: safetensors is not installed (pip install 'jaxlab[hf]').
   """
   config = config_from_hf(path, dtype=jnp.dtype(dtype).name, **overrides)
-  params = load_hf_params(path, config)
+  params = load_hf_arrays(path, config)
   with nnx.use_eager_sharding(False):
     model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   state = nnx.state(model, nnx.Param)
-  nnx.replace_by_pure_dict(state, jax.tree.map(jnp.asarray, params))
+  nnx.replace_by_pure_dict(state, params)
   nnx.update(model, state)
   return model
 
 
-def save_pretrained(model: Transformer, path: str, *, max_shard_bytes: int | None = None) -> None:
+DEFAULT_MAX_SHARD_BYTES = 5 * 2**30      # transformers' default max_shard_size ("5GB")
+
+
+def save_pretrained(model: Transformer, path: str, *, max_shard_bytes: int | None = DEFAULT_MAX_SHARD_BYTES
+                    ) -> None:
   """Writes `model` as a Hugging Face checkpoint: config.json + model.safetensors (torch layout).
 
-  Loads back bit-exactly with `from_pretrained` and with transformers' `AutoModelForCausalLM`.
+  Loads back bit-exactly with `from_pretrained` and with transformers' `AutoModelForCausalLM`. Shards are
+  planned from the parameter shapes and written one at a time: the host holds one shard's tensors at most.
 
   Args:
     model: the model (any device placement; parameters are gathered to the host in their dtype).
     path: output directory (created if needed).
-    max_shard_bytes: when set and the tensors are larger, write model-0000k-of-0000n.safetensors shards
-      of at most about this size plus model.safetensors.index.json.
+    max_shard_bytes: when the tensors are larger, write model-0000k-of-0000n.safetensors shards of at most
+      about this size plus model.safetensors.index.json; None: one file whatever the size.
 
   Raises:
     CheckpointError: the config has no Hugging Face equivalent.
@@ -561,28 +659,33 @@ def save_pretrained(model: Transformer, path: str, *, max_shard_bytes: int | Non
   cfg = config_to_hf(config)
   _st()
   params = nnx.state(model, nnx.Param).to_pure_dict()
-  tensors = {e.name: np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(_get(params, e.path)))))
-             for e in _entries(config)}
+  entries = _entries(config)
+  nbytes = {e.name: int(np.prod(_get(params, e.path).shape)) * np.dtype(_get(params, e.path).dtype).itemsize
+            for e in entries}
+  total = sum(nbytes.values())
+  shards: list[list[_Entry]] = [[]]
+  size = 0
+  for e in entries:
+    if max_shard_bytes and shards[-1] and size + nbytes[e.name] > max_shard_bytes:
+      shards.append([])
+      size = 0
+    shards[-1].append(e)
+    size += nbytes[e.name]
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(cfg, f, indent=2, sort_keys=True)
-  total = sum(t.nbytes for t in tensors.values())
-  if not max_shard_bytes or total <= max_shard_bytes:
-    _write(tensors, os.path.join(path, "model.safetensors"))
+
+  def gathered(shard):
+    return {e.name: np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(_get(params, e.path))))) for e in shard}
+
+  if len(shards) == 1:
+    _write(gathered(shards[0]), os.path.join(path, "model.safetensors"))
     return
-  shards: list[dict[str, np.ndarray]] = [{}]
-  size = 0
-  for name, t in tensors.items():
-    if shards[-1] and size + t.nbytes > max_shard_bytes:
-      shards.append({})
-      size = 0
-    shards[-1][name] = t
-    size += t.nbytes
   weight_map = {}
   for k, shard in enumerate(shards):
     fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
-    _write(shard, os.path.join(path, fname))
-    weight_map.update({name: fname for name in shard})
+    _write(gathered(shard), os.path.join(path, fname))
+    weight_map.update({e.name: fname for e in shard})
   with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
     json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
 

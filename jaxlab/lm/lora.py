@@ -21,7 +21,7 @@ Interface:
   "q_proj" or "*_proj"; a pattern with "/" is matched against the whole path, e.g. "layers/*/mlp/*".
   List indices are path components ("layers/3/attn/q_proj").
 * Training only the adapters: `freeze_base(tx)` wraps an optax transformation so only `lora_a`/`lora_b`
-  leaves are updated (others get exactly zero updates; `compact=True` also drops their optimizer state);
+  leaves are updated (others get exactly zero updates and keep no optimizer state);
   it works on the pure param dicts of `jaxlab.train.fit`'s TrainState and on `nnx.State`.
   `lora_mask(params)` gives the boolean tree for `optax.masked` & co., `lora_param_filter` is an NNX
   filter (`nnx.state(model, lora_param_filter)`, `nnx.Optimizer(model, tx, wrt=lora_param_filter)`) and
@@ -255,18 +255,17 @@ def _zero_frozen() -> optax.GradientTransformation:
   return optax.GradientTransformation(init, update)
 
 
-def freeze_base(tx: optax.GradientTransformation, *, compact: bool = False) -> optax.GradientTransformation:
+def freeze_base(tx: optax.GradientTransformation, *, compact: bool = True) -> optax.GradientTransformation:
   """Applies `tx` to the adapter parameters only; every other parameter gets an exactly zero update.
 
   Args:
     tx: the optimizer for the adapters (e.g. `jaxlab.train.optim.make_optimizer(...)[0]`).
-    compact: False (default): `chain(zero frozen grads, tx, zero frozen updates)`. The optimizer state keeps
-      the parameter tree's shape (frozen moments stay zero), so `jaxlab.state.create_train_state` and its
-      optimizer-state shardings work unchanged; global-norm clipping and weight decay inside `tx` see only
-      the adapters. True: `optax.multi_transform` with `set_to_zero` for frozen parameters, which stores no
-      optimizer state for them (saves 2x base-parameter memory with Adam) but puts `optax.MaskedNode`s in
-      the state: code that maps shardings over it with `optax.tree_utils.tree_map_params` must pass
-      `is_leaf=lambda x: isinstance(x, optax.MaskedNode)`.
+    compact: True (default): `optax.multi_transform` with `set_to_zero` for the frozen parameters, so the
+      optimizer state exists for the adapters only (Adam keeps no moments for the base weights: 2x the base
+      parameters' memory saved); the frozen leaves of the state are `optax.MaskedNode`s, which
+      `jaxlab.state.train_state_shardings` handles. False: `chain(zero frozen grads, tx, zero frozen
+      updates)`, whose state keeps the whole parameter tree's shape (frozen moments stay zero). Both give the
+      same updates; global-norm clipping and weight decay inside `tx` see only the adapters.
 
   Works on pure param dicts and `nnx.State` (adapters are found by their `lora_a`/`lora_b` path names).
   """

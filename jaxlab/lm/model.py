@@ -55,13 +55,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.lm import attention as attention_lib
 from jaxlab.nn import layers
 
 ARCHS = ("llama", "opt")
 ACTIVATIONS = ("silu", "relu", "gelu", "gelu_tanh")
-ATTENTION_IMPLS = ("xla", "cudnn")
+ATTENTION_IMPLS = attention_lib.IMPLS
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
-_NEG = -0.7 * float(np.finfo(np.float32).max)     # masked score: exp(-huge - max) == 0, no inf - inf NaN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,9 +93,11 @@ class TransformerConfig:
     param_dtype: parameter dtype name.
     remat: wrap each block in `nnx.remat` (`jax.checkpoint`) when called without a cache.
     remat_policy: name of a `jax.checkpoint_policies` policy used by `remat`.
-    attention: "xla" (einsum attention, any mask) or "cudnn" (`jax.nn.dot_product_attention` with the
-      cuDNN fused kernel, used on GPU for bfloat16/float16 un-cached calls without segment_ids; every other
-      call falls back to "xla").
+    attention: implementation of the un-cached (training / prefill) attention, one of
+      `jaxlab.lm.attention.IMPLS`: "auto" (TPU splash, GPU cuDNN or Pallas flash attention with segment ids,
+      CPU einsum; "xla" wherever a kernel does not fit the call), "xla" (einsum, the reference), "chunked"
+      (online softmax, no (L, L) scores), "splash", "flash_gpu", "cudnn". Cached decoding always uses
+      "xla" (its mask is over cache slots).
     init_std: standard deviation of the normal init of embeddings and projection matrices.
     pos_offset: OPT's learned-position offset (row p + pos_offset holds position p).
     do_layer_norm_before: OPT pre-LN (True) or post-LN (False, OPT-350m).
@@ -124,7 +126,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   remat: bool = False
   remat_policy: str = "nothing_saveable"
-  attention: str = "xla"
+  attention: str = "auto"
   init_std: float = 0.02
   pos_offset: int = 2
   do_layer_norm_before: bool = True
@@ -320,28 +322,7 @@ def apply_rope(x_blhd: jax.Array, cos_blf: jax.Array, sin_blf: jax.Array) -> jax
   return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x_blhd.dtype)
 
 
-def attention(q_blhd: jax.Array, k_bshd: jax.Array, v_bshd: jax.Array, mask_bls: jax.Array | None) -> jax.Array:
-  """Grouped-query softmax attention, scores and softmax in float32.
-
-  Args:
-    q_blhd: (batch, length, n_heads, head_dim) queries.
-    k_bshd, v_bshd: (batch, kv_length, n_kv_heads, head_dim); n_kv_heads divides n_heads and query head j
-      reads kv head j // (n_heads // n_kv_heads).
-    mask_bls: boolean, broadcastable to (batch, length, kv_length); True = attend. None = no mask.
-
-  Returns:
-    (batch, length, n_heads, head_dim) in v's dtype.
-  """
-  b, l, h, d = q_blhd.shape
-  hk = k_bshd.shape[2]
-  q = q_blhd.reshape(b, l, hk, h // hk, d)
-  s = jnp.einsum("blkgd,bskd->bkgls", q, k_bshd.astype(q.dtype), preferred_element_type=jnp.float32)
-  s = s * (1.0 / math.sqrt(d))
-  if mask_bls is not None:
-    s = jnp.where(mask_bls[:, None, None], s, _NEG)
-  p = jax.nn.softmax(s, axis=-1)
-  o = jnp.einsum("bkgls,bskd->blkgd", p.astype(v_bshd.dtype), v_bshd)
-  return o.reshape(b, l, h, d)
+attention = attention_lib.xla_attention     # the reference einsum attention (any mask), kept under its old name
 
 
 class Attention(nnx.Module):
@@ -359,22 +340,21 @@ class Attention(nnx.Module):
   def __init__(self, config: TransformerConfig, *, rngs: nnx.Rngs):
     c = config
     self.rope = c.arch == "llama"
-    # cuDNN's fused attention takes 16-bit inputs only; other dtypes use the einsum path.
-    self.use_cudnn = c.attention == "cudnn" and c.compute_dtype in (jnp.dtype("bfloat16"), jnp.dtype("float16"))
+    self.impl = c.attention
     self.q = _dense((c.hidden,), (c.n_heads, c.head_dim), ("embed", "heads", None), c.qkv_bias, c, rngs)
     self.k = _dense((c.hidden,), (c.n_kv_heads, c.head_dim), ("embed", "kv", None), c.qkv_bias, c, rngs)
     self.v = _dense((c.hidden,), (c.n_kv_heads, c.head_dim), ("embed", "kv", None), c.qkv_bias, c, rngs)
     self.o = _dense((c.n_heads, c.head_dim), (c.hidden,), ("heads", None, "embed"), c.o_bias, c, rngs)
 
-  def __call__(self, x_bld, rope, mask_bls, *, causal_only: bool = False, cache=None, layer: int = 0,
-               cache_index=None):
+  def __call__(self, x_bld, rope, mask_bls, *, segment_ids=None, cache=None, layer: int = 0, cache_index=None):
     """Self-attention of x.
 
     Args:
       x_bld: (batch, length, hidden) normalised input.
       rope: (cos, sin) tables (see `apply_rope`) or None (no RoPE).
-      mask_bls: boolean mask broadcastable to (batch, length, kv_length).
-      causal_only: the mask is plain causal (enables the cuDNN path).
+      mask_bls: with a cache, the boolean mask broadcastable to (batch, length, cache slots); without one
+        unused (None): the mask is causal within `segment_ids`.
+      segment_ids: (batch, length) segment ids of an un-cached call (None = one segment).
       cache: None, or the stacked (k, v) arrays of a `KVCache`.
       layer: index of this layer in the stacked cache.
       cache_index: int32 scalar slot of the first new token (with `cache`).
@@ -386,11 +366,7 @@ class Attention(nnx.Module):
     if rope is not None:
       q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     if cache is None:
-      if self.use_cudnn and causal_only and jax.default_backend() == "gpu":
-        o = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-      else:
-        o = attention(q, k, v, mask_bls)
-      return self.o(o)
+      return self.o(attention_lib.attention(q, k, v, segment_ids=segment_ids, causal=True, impl=self.impl))
     ck, cv = cache
     start = (layer, 0, cache_index, 0, 0)
     ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), start)
@@ -444,10 +420,10 @@ class Block(nnx.Module):
     self.mlp_norm = _norm(config)
     self.mlp = MLP(config, rngs=rngs)
 
-  def __call__(self, h_bld, rope, mask_bls, *, causal_only=False, cache=None, layer=0, cache_index=None):
+  def __call__(self, h_bld, rope, mask_bls, *, segment_ids=None, cache=None, layer=0, cache_index=None):
     """(batch, length, hidden) residual stream -> same (plus the updated cache arrays when `cache`)."""
     x = self.attn_norm(h_bld) if self.pre_norm else h_bld
-    res = self.attn(x, rope, mask_bls, causal_only=causal_only, cache=cache, layer=layer, cache_index=cache_index)
+    res = self.attn(x, rope, mask_bls, segment_ids=segment_ids, cache=cache, layer=layer, cache_index=cache_index)
     a, cache = res if cache is not None else (res, None)
     h = h_bld + a.astype(h_bld.dtype)
     if not self.pre_norm:
@@ -459,8 +435,8 @@ class Block(nnx.Module):
     return (h, cache) if cache is not None else h
 
 
-def _block_forward(block: Block, h, rope, mask, causal_only):
-  return block(h, rope, mask, causal_only=causal_only)
+def _block_forward(block: Block, h, rope, segment_ids):
+  return block(h, rope, None, segment_ids=segment_ids)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -553,10 +529,6 @@ class Transformer(nnx.Module):
     if cache is None:
       pos = (jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)) if positions_bl is None
              else jnp.asarray(positions_bl, jnp.int32))
-      idx = jnp.arange(l)
-      mask = (idx[None, :] <= idx[:, None])[None]                               # (1, l, l)
-      if seg is not None:
-        mask = mask & (seg[:, :, None] == seg[:, None, :])                      # (b, l, l)
     else:
       cache_index = jnp.asarray(cache_index, jnp.int32)
       pos = (jnp.broadcast_to(cache_index + jnp.arange(l, dtype=jnp.int32), (b, l)) if positions_bl is None
@@ -574,12 +546,11 @@ class Transformer(nnx.Module):
       h = h + self.pos_embed(jnp.clip(pos + c.pos_offset, 0, rows - 1)).astype(c.compute_dtype)
     rope = _rope_tables(pos, c) if c.arch == "llama" else None
     if cache is None:
-      causal_only = seg is None
       fwd = _block_forward
       if c.remat:
-        fwd = nnx.remat(_block_forward, static_argnums=(4,), policy=getattr(jax.checkpoint_policies, c.remat_policy))
+        fwd = nnx.remat(_block_forward, policy=getattr(jax.checkpoint_policies, c.remat_policy))
       for layer in self.layers:
-        h = fwd(layer, h, rope, mask, causal_only)
+        h = fwd(layer, h, rope, seg)
     else:
       kv = (cache.k, cache.v)
       for i, layer in enumerate(self.layers):

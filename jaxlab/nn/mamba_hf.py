@@ -43,30 +43,45 @@ def from_pretrained(path: str, dtype=jnp.float32, scan_impl: str = "auto") -> Ma
     MissingDependencyError: safetensors is not installed (pip install 'jaxlab[hf]').
   """
   kwargs = read_config(path)
-  tensors = read_safetensors(path)
-  model = nnx.eval_shape(lambda: MambaLM(**kwargs, scan_impl=scan_impl, dtype=dtype, rngs=nnx.Rngs(0)))
+  src = hf.TensorSource(path)
+  with nnx.use_eager_sharding(False):
+    model = nnx.eval_shape(lambda: MambaLM(**kwargs, scan_impl=scan_impl, dtype=dtype, rngs=nnx.Rngs(0)))
   prefix = "backbone."
-  if not any(k.startswith(prefix) for k in tensors):
+  if not any(k.startswith(prefix) for k in src.names()):
     prefix = ""                                           # a bare MambaModel checkpoint
-  tensors = {(f"{prefix}embeddings.weight" if k == f"{prefix}embedding.weight" else k): v
-             for k, v in tensors.items()}                 # mamba_ssm spelling
+  stored = {(f"{prefix}embeddings.weight" if k == f"{prefix}embedding.weight" else k): k
+            for k in src.names()}                         # mamba_ssm spelling
   used = set()
   for name, var, to_hf, from_hf in hf_entries(model, prefix):
-    if name not in tensors:
+    if name not in stored:
       raise CheckpointError(f"checkpoint {path} has no tensor '{name}' (needed by the {model.n_layer}-layer "
                             "model its config.json describes)")
-    arr = tensors[name]
-    want = to_hf(np.zeros(var.get_value().shape, np.float32)).shape
-    if tuple(arr.shape) != tuple(want):
-      raise CheckpointError(f"checkpoint tensor '{name}' in {path} has shape {tuple(arr.shape)}, expected "
-                            f"{tuple(want)} from config.json")
-    var.set_value(jnp.asarray(from_hf(np.asarray(arr, np.float32)), jnp.float32))
+    shape = var.get_value().shape
+    want = jax.eval_shape(to_hf, jax.ShapeDtypeStruct(shape, jnp.float32)).shape
+    if tuple(src.shapes[stored[name]]) != tuple(want):
+      raise CheckpointError(f"checkpoint tensor '{name}' in {path} has shape {tuple(src.shapes[stored[name]])}, "
+                            f"expected {tuple(want)} from config.json")
+    # One tensor on the host at a time, placed with its logical sharding (mesh in context) as it is read.
+    var.set_value(jax.device_put(np.asarray(from_hf(src.read(stored[name]).astype(np.float32)), np.float32),
+                                 _sharding(var)))
     used.add(name)
-  extra = sorted(k for k in tensors if k not in used and not (k == "lm_head.weight" and model.tie_embeddings))
+  extra = sorted(k for k in stored if k not in used and not (k == "lm_head.weight" and model.tie_embeddings))
   if extra:
     raise CheckpointError(f"checkpoint {path} has tensor '{extra[0]}' ({len(extra)} unexpected in all) that "
                           f"the model from config.json does not use; config.json does not match the weights")
   return model
+
+
+def _sharding(var) -> jax.sharding.Sharding:
+  """The NamedSharding of a variable's logical axis names under the mesh and rules in context (the default
+  device without a mesh)."""
+  from jaxlab import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  mesh = mesh_lib.current_mesh()
+  if not isinstance(mesh, jax.sharding.Mesh):
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  meta = var.get_metadata()
+  names = meta.get("out_sharding", meta.get("sharding_names", meta.get("sharding"))) or ()
+  return mesh_lib.logical_sharding(tuple(names))
 
 
 def save_pretrained(model: MambaLM, path: str) -> None:

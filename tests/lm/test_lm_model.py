@@ -242,7 +242,7 @@ def test_sharded_checkpoint_bf16_tensors_and_overrides(tmp_path):
   # bfloat16 tensors are read and widened to the float32 parameters.
   t = hf.read_safetensors(str(tmp_path / "sharded"))
   (tmp_path / "bf16").mkdir()
-  hf._write_raw({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}, str(tmp_path / "bf16" / "model.safetensors"))
+  hf._write({k: v.astype(ml_dtypes.bfloat16) for k, v in t.items()}, str(tmp_path / "bf16" / "model.safetensors"))
   os.link(tmp_path / "sharded" / "config.json", tmp_path / "bf16" / "config.json")
   got = from_pretrained(str(tmp_path / "bf16"))
   want = t["model.layers.0.mlp.up_proj.weight"].astype(ml_dtypes.bfloat16).astype(np.float32).T
