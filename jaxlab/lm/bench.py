@@ -5,7 +5,7 @@ On a GPU/TPU the training case is the issue's peer configuration: a 0.95B Llama 
 model FLOPs (6 N + attention, `flops_per_token`) per second / the device's dense bf16 peak. The peer numbers
 on an H200 (from the issue): Hugging Face transformers + torch eager 64,100 tokens/s (42% MFU), torch.compile
 78,500 tokens/s (52% MFU). Attention is "auto": TPU splash or GPU Pallas flash attention with the batch's
-segment ids (`jaxlab.lm.attention`). On CPU a tiny configuration runs and is reported only.
+segment ids (`jaxlab.nn.attention`). On CPU a tiny configuration runs and is reported only.
 """
 
 from __future__ import annotations

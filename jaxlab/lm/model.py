@@ -55,7 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlab.lm import attention as attention_lib
+from jaxlab.nn import attention as attention_lib
 from jaxlab.nn import layers
 
 ARCHS = ("llama", "opt")
@@ -94,7 +94,7 @@ class TransformerConfig:
     remat: wrap each block in `nnx.remat` (`jax.checkpoint`) when called without a cache.
     remat_policy: name of a `jax.checkpoint_policies` policy used by `remat`.
     attention: implementation of the un-cached (training / prefill) attention, one of
-      `jaxlab.lm.attention.IMPLS`: "auto" (TPU splash, GPU cuDNN or Pallas flash attention with segment ids,
+      `jaxlab.nn.attention.IMPLS`: "auto" (TPU splash, GPU cuDNN or Pallas flash attention with segment ids,
       CPU einsum; "xla" wherever a kernel does not fit the call), "xla" (einsum, the reference), "chunked"
       (online softmax, no (L, L) scores), "splash", "flash_gpu", "cudnn". Cached decoding always uses
       "xla" (its mask is over cache slots).

@@ -1,7 +1,8 @@
 """Shared Flax NNX modules, grouped by domain (papers add theirs here when a second paper can use them).
 
 `jaxlab.nn.layers` holds the building blocks every model here uses (initialisers, logically partitioned
-dense layers, norms, embeddings); `mamba` / `mamba_lm` / `mamba_hf` the Mamba-1 block, LM and checkpoint IO.
+dense layers, norms, embeddings) and `jaxlab.nn.attention` the one attention entry point (einsum, chunked,
+TPU splash, GPU flash / cuDNN); `mamba` / `mamba_lm` / `mamba_hf` the Mamba-1 block, LM and checkpoint IO.
 """
 
 from jaxlab.nn.layers import LayerNorm, RMSNorm

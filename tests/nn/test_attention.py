@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 from jaxlab import mesh as mesh_lib
-from jaxlab.lm import attention as A
+from jaxlab.nn import attention as A
 from jaxlab.lm.model import Transformer, TransformerConfig
 
 
