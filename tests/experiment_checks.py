@@ -7,12 +7,16 @@
 * `check_sharded_equals_single`: a 4x2 (data, model) mesh logs the same metrics as one device.
 * `check_sigterm_resume` (staged experiments): SIGTERM arriving inside a stage and between two stages stops
   the run after recording the stage; the rerun resumes and ends with the reference's summary.
+* `sigterm_on_write(when)`: a context in which SIGTERM is sent right after a metrics row that `when` selects.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
+from unittest import mock
 
 import numpy as np
 
@@ -69,6 +73,20 @@ def check_sharded_equals_single(name: str, tmp_path, overrides: dict, rtol: floa
                                err_msg=f"{name}: sharded vs single device at step {a['step']}")
 
 
+@contextlib.contextmanager
+def sigterm_on_write(when):
+  """Within the block, every metrics row is written as usual, then SIGTERM is sent to this process when
+  `when(writer, step, values)` holds (a deterministic preemption point)."""
+  real_write = metrics.MetricWriter.write
+
+  def write(self, step, values):
+    real_write(self, step, values)
+    if when(self, step, values):
+      os.kill(os.getpid(), signal.SIGTERM)
+  with mock.patch.object(metrics.MetricWriter, "write", write):
+    yield
+
+
 def check_sigterm_resume(name: str, tmp_path, overrides: dict, inside: int = 1, reference: dict | None = None) -> None:
   """SIGTERM inside stage `inside`, then (in the resumed run) between stages `inside + 1` and `inside + 2`:
   each run stops after recording the stage it was in, the reruns resume, and the final summary equals an
@@ -77,13 +95,10 @@ def check_sigterm_resume(name: str, tmp_path, overrides: dict, inside: int = 1, 
   The signal is sent deterministically: when the progress bar names stage `inside` (its start), and when
   stage `inside + 1`'s metrics row is written (after its checkpoint).
   """
-  import signal
-  from unittest import mock
-
   from jaxlab import progress
   from jaxlab.train import Preempted
   ref = reference if reference is not None else _run(name, os.path.join(tmp_path, "reference"), overrides)
-  real_bar, real_write = progress.bar, metrics.MetricWriter.write
+  real_bar = progress.bar
 
   def bar_sending_at(stage_index):
     def make(*args, **kwargs):
@@ -100,13 +115,6 @@ def check_sigterm_resume(name: str, tmp_path, overrides: dict, inside: int = 1, 
       return b
     return make
 
-  def write_sending_at(stage_index):
-    def write(self, step, values):
-      real_write(self, step, values)
-      if "stage" in values and step == stage_index + 1:
-        os.kill(os.getpid(), signal.SIGTERM)
-    return write
-
   wd = os.path.join(tmp_path, "interrupted")
   with mock.patch.object(progress, "bar", bar_sending_at(inside)):
     try:
@@ -114,7 +122,7 @@ def check_sigterm_resume(name: str, tmp_path, overrides: dict, inside: int = 1, 
       raise AssertionError(f"{name}: SIGTERM inside stage {inside} did not stop the run")
     except Preempted:
       pass
-  with mock.patch.object(metrics.MetricWriter, "write", write_sending_at(inside + 1)):
+  with sigterm_on_write(lambda _, step, values: "stage" in values and step == inside + 2):
     try:
       _run(name, wd, overrides)
       raise AssertionError(f"{name}: SIGTERM after stage {inside + 1} did not stop the run")

@@ -2,13 +2,12 @@
 real text, the cycle claim's count, config errors."""
 
 import os
-import signal
-from unittest import mock
 
 import numpy as np
 import pytest
 
-from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single, check_sigterm_resume
+from experiment_checks import (check_end_to_end, check_resume, check_sharded_equals_single, check_sigterm_resume,
+                               sigterm_on_write)
 from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
 from jaxlab.train import Preempted
@@ -61,14 +60,9 @@ def test_sigterm_between_and_inside_stages_resumes(tmp_path, reference):
 
 def test_sigterm_inside_the_training_loop_resumes_it(tmp_path, reference):
   """SIGTERM while the train stage's run_loop runs: it checkpoints its chunk and stops; the rerun continues it."""
-  real_write = metrics.MetricWriter.write
-
-  def write(self, step, values):
-    real_write(self, step, values)
-    if "stage" not in values and step == 3 and os.path.join("stages", "train") in self.path:
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  with mock.patch.object(metrics.MetricWriter, "write", write):
+  in_train_loop = lambda w, step, values: (  # noqa: E731
+      "stage" not in values and step == 3 and os.path.join("stages", "train") in w.path)
+  with sigterm_on_write(in_train_loop):
     with pytest.raises(Preempted, match=r"in stage 3 \(train\)"):
       _train(tmp_path, SHORT)
   s = _train(tmp_path, SHORT)

@@ -3,14 +3,12 @@ sharded == single device, CSV input, keys without effect, clear errors."""
 
 import json
 import os
-import signal
-from unittest import mock
 
 import numpy as np
 import pytest
 
 from experiment_checks import (VOLATILE, check_end_to_end, check_resume, check_sharded_equals_single,
-                               check_sigterm_resume)
+                               check_sigterm_resume, sigterm_on_write)
 from jaxlab import configs, metrics, registry
 from jaxlab.causal import data as data_lib
 from jaxlab.errors import ConfigError, DataError
@@ -69,15 +67,9 @@ def test_sigterm_between_and_inside_stages_resumes(tmp_path, reference):
 
 def test_sigterm_inside_the_training_loop_resumes_it(tmp_path, reference):
   """SIGTERM while the train stage's run_loop runs: it checkpoints its chunk and stops; the rerun continues it."""
-  real_write = metrics.MetricWriter.write
-
-  def write(self, step, values):
-    real_write(self, step, values)
-    if "stage" not in values and step == 1:      # the training loop logged its first chunk
-      os.kill(os.getpid(), signal.SIGTERM)
-
   wd = tmp_path / "run"
-  with mock.patch.object(metrics.MetricWriter, "write", write):
+  # SIGTERM once the training loop logged its first chunk.
+  with sigterm_on_write(lambda _, step, values: "stage" not in values and step == 1):
     with pytest.raises(Preempted, match="in stage 1 \\(train\\)"):
       _train(NAME, wd, FOUR)
   assert not os.path.exists(wd / "summary.json")
