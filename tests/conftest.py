@@ -47,10 +47,10 @@ def _release_compiled_code(request):
   yield
   import gc
   import jax
-  before = _mapping_count()
+  log = os.environ.get("JAXLAB_MAPS_LOG")     # optional: "<module> <mappings before> <after>" per module
+  before = _mapping_count() if log else None
   jax.clear_caches()
   gc.collect()
-  log = os.environ.get("JAXLAB_MAPS_LOG")
   if log:
     with open(log, "a") as f:
       f.write(f"{request.module.__name__} {before} {_mapping_count()}\n")
