@@ -30,6 +30,9 @@ from jaxlab.kernels.sharding import (DEFAULT_RULES, RULES, axis_of, current_mesh
                                      dividing_axes, logical_to_mesh, multi_device)
 
 DEFAULT_MESH = (("data", -1), ("model", 1))
+# Every logical axis name the library's models use ("layers": the stacked-layer axis of scanned blocks).
+# `use` maps the ones its rules leave out to None (replicated), as `logical_to_mesh` does.
+LOGICAL_AXES = ("batch", "embed", "mlp", "heads", "kv", "vocab", "state", "length", "layers")
 
 
 def rules_preset(name: str) -> tuple[tuple[str, Any], ...]:
@@ -135,7 +138,8 @@ def use(mesh: Mesh, rules: Sequence[Sequence[Any]] | str = DEFAULT_RULES) -> Ite
 
   Args:
     mesh: the device mesh of the run.
-    rules: logical-to-mesh rules (`config.sharding_rules`) or a preset name of `RULES`.
+    rules: logical-to-mesh rules (`config.sharding_rules`) or a preset name of `RULES`; names of
+      `LOGICAL_AXES` they leave out are replicated.
 
   Yields:
     The mesh.
@@ -143,6 +147,8 @@ def use(mesh: Mesh, rules: Sequence[Sequence[Any]] | str = DEFAULT_RULES) -> Ite
   if isinstance(rules, str):
     rules = rules_preset(rules)
   rules = tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in rules)
+  given = {k for k, _ in rules}
+  rules += tuple((name, None) for name in LOGICAL_AXES if name not in given)   # flax needs every name mapped
   with jax.set_mesh(mesh), nnx.logical_axis_rules(rules):
     yield mesh
 

@@ -156,14 +156,14 @@ def build_model(config, tokenizer):
   mc = config.model
   if mc.hf_path:
     from jaxlab.lm import hf  # pylint: disable=g-import-not-at-top
-    module = hf.from_pretrained(mc.hf_path, dtype=mc.dtype)
+    module = hf.from_pretrained(mc.hf_path, dtype=mc.dtype, scan_layers=False)   # per-tensor ZO blocks
     cfg = module.config
     md = ModelDef(lambda rngs: Transformer(cfg, rngs=rngs))
     params, rest = md.split(module)
     return md, params, rest
   cfg = TransformerConfig(vocab_size=max(mc.vocab_size, tokenizer.vocab_size), hidden=mc.hidden,
                           n_layers=mc.n_layers, n_heads=mc.n_heads, mlp_hidden=mc.mlp_hidden, arch=mc.arch,
-                          max_position=max(config.task.max_length, 8), dtype=mc.dtype)
+                          max_position=max(config.task.max_length, 8), dtype=mc.dtype, scan_layers=False)
   md = ModelDef(lambda rngs: Transformer(cfg, rngs=rngs))
   params, rest = md.init(jax.random.key(config.seed))
   return md, params, rest

@@ -247,6 +247,7 @@ class _Entry:
   path: tuple               # path in the model's pure param dict
   kind: str                 # "ident" | "linear" (n_in leading axes contracted) | "flat" (bias)
   n_in: int = 1
+  layer: int | None = None  # scan_layers: the entry is slice `layer` of the stacked parameter at `path`
 
   def to_hf(self, a: np.ndarray) -> np.ndarray:
     if self.kind == "linear":
@@ -275,15 +276,18 @@ def _entries(config: TransformerConfig) -> list[_Entry]:
   c = config
   out = []
 
-  def linear(name, path, bias, n_in=1):
-    out.append(_Entry(name + ".weight", path + ("kernel",), "linear", n_in))
+  def linear(name, path, bias, n_in=1, layer=None):
+    out.append(_Entry(name + ".weight", path + ("kernel",), "linear", n_in, layer))
     if bias:
-      out.append(_Entry(name + ".bias", path + ("bias",), "flat"))
+      out.append(_Entry(name + ".bias", path + ("bias",), "flat", layer=layer))
 
-  def norm(name, path, bias):
-    out.append(_Entry(name + ".weight", path + ("weight",), "ident"))
+  def norm(name, path, bias, layer=None):
+    out.append(_Entry(name + ".weight", path + ("weight",), "ident", layer=layer))
     if bias:
-      out.append(_Entry(name + ".bias", path + ("bias",), "ident"))
+      out.append(_Entry(name + ".bias", path + ("bias",), "ident", layer=layer))
+
+  def layer_path(i):       # (path prefix, stacked-layer index) of block i
+    return (("layers",), i) if c.scan_layers else (("layers", i), None)
 
   if c.arch == "opt":
     p = "model.decoder."
@@ -293,28 +297,28 @@ def _entries(config: TransformerConfig) -> list[_Entry]:
       linear(p + "project_in", ("project_in",), False)
       linear(p + "project_out", ("project_out",), False)
     for i in range(c.n_layers):
-      q, lp = f"{p}layers.{i}.", ("layers", i)
+      q, (lp, li) = f"{p}layers.{i}.", layer_path(i)
       for ours, theirs in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj")):
-        linear(q + "self_attn." + theirs, lp + ("attn", ours), c.qkv_bias)
-      linear(q + "self_attn.out_proj", lp + ("attn", "o"), c.o_bias, n_in=2)
-      norm(q + "self_attn_layer_norm", lp + ("attn_norm",), True)
-      linear(q + "fc1", lp + ("mlp", "up"), c.mlp_bias)
-      linear(q + "fc2", lp + ("mlp", "down"), c.mlp_bias)
-      norm(q + "final_layer_norm", lp + ("mlp_norm",), True)
+        linear(q + "self_attn." + theirs, lp + ("attn", ours), c.qkv_bias, layer=li)
+      linear(q + "self_attn.out_proj", lp + ("attn", "o"), c.o_bias, n_in=2, layer=li)
+      norm(q + "self_attn_layer_norm", lp + ("attn_norm",), True, layer=li)
+      linear(q + "fc1", lp + ("mlp", "up"), c.mlp_bias, layer=li)
+      linear(q + "fc2", lp + ("mlp", "down"), c.mlp_bias, layer=li)
+      norm(q + "final_layer_norm", lp + ("mlp_norm",), True, layer=li)
     if c.final_norm:
       norm(p + "final_layer_norm", ("final_norm",), True)
   else:
     p = "model."
     out.append(_Entry(p + "embed_tokens.weight", ("embed", "embedding"), "ident"))
     for i in range(c.n_layers):
-      q, lp = f"{p}layers.{i}.", ("layers", i)
+      q, (lp, li) = f"{p}layers.{i}.", layer_path(i)
       for ours in ("q", "k", "v"):
-        linear(q + f"self_attn.{ours}_proj", lp + ("attn", ours), c.qkv_bias)
-      linear(q + "self_attn.o_proj", lp + ("attn", "o"), c.o_bias, n_in=2)
+        linear(q + f"self_attn.{ours}_proj", lp + ("attn", ours), c.qkv_bias, layer=li)
+      linear(q + "self_attn.o_proj", lp + ("attn", "o"), c.o_bias, n_in=2, layer=li)
       for ours in ("gate", "up", "down"):
-        linear(q + f"mlp.{ours}_proj", lp + ("mlp", ours), c.mlp_bias)
-      norm(q + "input_layernorm", lp + ("attn_norm",), False)
-      norm(q + "post_attention_layernorm", lp + ("mlp_norm",), False)
+        linear(q + f"mlp.{ours}_proj", lp + ("mlp", ours), c.mlp_bias, layer=li)
+      norm(q + "input_layernorm", lp + ("attn_norm",), False, layer=li)
+      norm(q + "post_attention_layernorm", lp + ("mlp_norm",), False, layer=li)
     norm(p + "norm", ("final_norm",), False)
   if not c.tie_embeddings:
     linear("lm_head", ("lm_head",), False)
@@ -333,9 +337,30 @@ def _set(tree: dict, path, value):
   tree[path[-1]] = value
 
 
+def _shape(abstract, e: _Entry) -> tuple[int, ...]:
+  """Shape of entry e's tensor in our layout (one layer's slice of a stacked parameter)."""
+  shape = tuple(_get(abstract, e.path).shape)
+  return shape if e.layer is None else shape[1:]
+
+
+def _value(params, e: _Entry):
+  """Entry e's array in our layout (one layer's slice of a stacked parameter)."""
+  a = _get(params, e.path)
+  return a if e.layer is None else a[e.layer]
+
+
+def _stacked(entries: list[_Entry]) -> dict[tuple, list[_Entry]]:
+  """Entries grouped by parameter path, in order (one entry per path unless the layers are stacked)."""
+  out: dict[tuple, list[_Entry]] = {}
+  for e in entries:
+    out.setdefault(e.path, []).append(e)
+  return out
+
+
 def _abstract_params(config: TransformerConfig) -> Any:
   """Pure dict of ShapeDtypeStructs of `Transformer(config)`'s parameters."""
-  model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
+  with nnx.use_eager_sharding(False):       # logical names are mapped by param_shardings, not by flax
+    model = nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0)))
   return nnx.state(model, nnx.Param).to_pure_dict()
 
 
@@ -502,7 +527,7 @@ def _checked_source(path, config: TransformerConfig):
   abstract = _abstract_params(config)
   used = set()
   for e in _entries(config):
-    shape = tuple(_get(abstract, e.path).shape)
+    shape = _shape(abstract, e)
     if e.name not in names:
       raise CheckpointError(f"checkpoint {where} has no tensor '{e.name}' (needed by the {config.n_layers}-layer "
                             f"{_hf_arch_of(config)} that config.json describes)")
@@ -548,9 +573,10 @@ def load_hf_params(path: str | dict[str, np.ndarray], config: TransformerConfig)
   src, names, abstract = _checked_source(path, config)
   pdt = config.params_dtype
   out: dict[str, Any] = {}
-  for e in _entries(config):
-    shape = tuple(_get(abstract, e.path).shape)
-    _set(out, e.path, np.asarray(e.from_hf(np.asarray(src.read(names[e.name])), shape)).astype(pdt))
+  for path, group in _stacked(_entries(config)).items():
+    arrays = [np.asarray(e.from_hf(np.asarray(src.read(names[e.name])), _shape(abstract, e))).astype(pdt)
+              for e in group]
+    _set(out, path, arrays[0] if group[0].layer is None else np.stack(arrays))
   return out
 
 
@@ -579,12 +605,20 @@ def load_hf_arrays(path: str | dict[str, np.ndarray], config: TransformerConfig,
     shardings = param_shardings(config)
   pdt = config.params_dtype
   out: dict[str, Any] = {}
-  for e in _entries(config):
-    shape = tuple(_get(abstract, e.path).shape)
-    to_ours = (lambda t, bs: t.T.reshape(bs)) if e.kind == "linear" else (lambda t, bs: t.reshape(bs))
-    read = slice_reader(src, names[e.name], to_ours, shape, _groups(e, len(shape)))
-    _set(out, e.path, jax.make_array_from_callback(shape, _get(shardings, e.path),
-                                                   lambda idx, r=read: np.asarray(r(idx)).astype(pdt)))
+  for path, group in _stacked(_entries(config)).items():
+    readers = []
+    for e in group:
+      shape = _shape(abstract, e)
+      to_ours = (lambda t, bs: t.T.reshape(bs)) if e.kind == "linear" else (lambda t, bs: t.reshape(bs))
+      readers.append(slice_reader(src, names[e.name], to_ours, shape, _groups(e, len(shape))))
+    if group[0].layer is None:
+      read = lambda idx, r=readers[0]: np.asarray(r(idx)).astype(pdt)
+    else:                   # a stacked parameter: the block of each layer in the index's layer range
+      def read(idx, rs=readers):
+        idx = tuple(idx)
+        layers = range(*(idx[0] if idx else slice(None)).indices(len(rs)))
+        return np.stack([np.asarray(rs[i](idx[1:])).astype(pdt) for i in layers])
+    _set(out, path, jax.make_array_from_callback(tuple(_get(abstract, path).shape), _get(shardings, path), read))
   return out
 
 
@@ -660,7 +694,7 @@ def save_pretrained(model: Transformer, path: str, *, max_shard_bytes: int | Non
   _st()
   params = nnx.state(model, nnx.Param).to_pure_dict()
   entries = _entries(config)
-  nbytes = {e.name: int(np.prod(_get(params, e.path).shape)) * np.dtype(_get(params, e.path).dtype).itemsize
+  nbytes = {e.name: int(np.prod(_shape(params, e))) * np.dtype(_get(params, e.path).dtype).itemsize
             for e in entries}
   total = sum(nbytes.values())
   shards: list[list[_Entry]] = [[]]
@@ -676,7 +710,7 @@ def save_pretrained(model: Transformer, path: str, *, max_shard_bytes: int | Non
     json.dump(cfg, f, indent=2, sort_keys=True)
 
   def gathered(shard):
-    return {e.name: np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(_get(params, e.path))))) for e in shard}
+    return {e.name: np.ascontiguousarray(e.to_hf(np.asarray(jax.device_get(_value(params, e))))) for e in shard}
 
   if len(shards) == 1:
     _write(gathered(shards[0]), os.path.join(path, "model.safetensors"))

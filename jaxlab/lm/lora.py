@@ -20,6 +20,11 @@ Interface:
 * Target patterns: a pattern without "/" is matched (fnmatch) against the module's own name, e.g.
   "q_proj" or "*_proj"; a pattern with "/" is matched against the whole path, e.g. "layers/*/mlp/*".
   List indices are path components ("layers/3/attn/q_proj").
+* Stacked layers (`jaxlab.lm.Transformer` with `scan_layers`): a kernel whose first logical axis name is
+  "layers" (n_layers, *in_dims, *out_dims) gets per-layer adapters stacked the same way, `lora_a`
+  (n_layers, *in_dims, r) and `lora_b` (n_layers, r, *out_dims); the scanned block sees one layer's slice of
+  each, so the call rule above is unchanged. Paths have no layer index there ("layers/attn/q"), so a pattern
+  can select a projection in all layers but not a single layer.
 * Training only the adapters: `freeze_base(tx)` wraps an optax transformation so only `lora_a`/`lora_b`
   leaves are updated (others get exactly zero updates and keep no optimizer state);
   it works on the pure param dicts of `jaxlab.train.fit`'s TrainState and on `nnx.State`.
@@ -56,6 +61,7 @@ from flax import nnx
 from jaxlab.errors import ConfigError
 
 LORA_NAMES = ("lora_a", "lora_b")
+STACK_AXIS = "layers"      # `jaxlab.lm.model.LAYERS_AXIS`: kernels stacked for scan_layers lead with it
 DEFAULT_TARGETS = ("q", "v", "q_proj", "v_proj")
 
 
@@ -170,20 +176,21 @@ def apply_lora(model: nnx.Module, rank: int, alpha: float, targets: Sequence[str
     kernel = module.kernel
     k = (_default_in_ndim(module) if in_ndim is None else
          in_ndim(_path_str(path), module) if callable(in_ndim) else in_ndim)
-    shape = kernel[...].shape
+    meta = kernel.get_metadata()
+    names = meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
+    lead = _stacked_axes(names)
+    stack, shape = kernel[...].shape[:lead], kernel[...].shape[lead:]
     if not 1 <= k < len(shape):
       raise ConfigError(f"in_ndim={k} does not fit a kernel of shape {shape}")
     pdtype = dtype or kernel[...].dtype
     fan_in = int(np.prod(shape[:k]))
     init = a_init or jax.nn.initializers.normal(1.0 / math.sqrt(fan_in))
-    a = init(rngs.params(), shape[:k] + (rank,), pdtype)
-    b = jnp.zeros((rank,) + shape[k:], pdtype)
-    meta = kernel.get_metadata()
-    names = meta.get("out_sharding") or meta.get("sharding_names") or meta.get("sharding")
+    a = init(rngs.params(), stack + shape[:k] + (rank,), pdtype)
+    b = jnp.zeros(stack + (rank,) + shape[k:], pdtype)
     extra = {}
-    if names is not None and len(names) == len(shape):
-      extra_a = dict(out_sharding=tuple(names[:k]) + (None,))
-      extra_b = dict(out_sharding=(None,) + tuple(names[k:]))
+    if names is not None and len(names) == lead + len(shape):
+      extra_a = dict(out_sharding=tuple(names[:lead + k]) + (None,))
+      extra_b = dict(out_sharding=tuple(names[:lead]) + (None,) + tuple(names[lead + k:]))
       for key in ("mesh", "eager_sharding"):
         if meta.get(key) is not None:
           extra[key] = meta[key]
@@ -195,6 +202,11 @@ def apply_lora(model: nnx.Module, rank: int, alpha: float, targets: Sequence[str
     module.lora_scale = float(alpha) / rank
     module.lora_in_ndim = k
   return model
+
+
+def _stacked_axes(names) -> int:
+  """Leading axes of a kernel stacked by `jaxlab.lm.model.stack_blocks` (scan_layers): 1 or 0."""
+  return 1 if names and names[0] == STACK_AXIS else 0
 
 
 def merge_lora(model: nnx.Module) -> nnx.Module:
@@ -211,9 +223,12 @@ def merge_lora(model: nnx.Module) -> nnx.Module:
       continue
     kernel = module.kernel
     shape = kernel[...].shape
-    a = module.lora_a[...].astype(jnp.float32).reshape(-1, module.lora_a[...].shape[-1])
-    b = module.lora_b[...].astype(jnp.float32).reshape(module.lora_b[...].shape[0], -1)
-    delta = (a @ b).reshape(shape) * module.lora_scale
+    a, b = module.lora_a[...].astype(jnp.float32), module.lora_b[...].astype(jnp.float32)
+    lead = a.ndim - module.lora_in_ndim - 1                  # stacked layer axes (scan_layers)
+    r = a.shape[-1]
+    a = a.reshape(a.shape[:lead] + (-1, r))
+    b = b.reshape(b.shape[:lead] + (r, -1))
+    delta = jnp.matmul(a, b).reshape(shape) * module.lora_scale
     kernel[...] = (kernel[...].astype(jnp.float32) + delta).astype(kernel[...].dtype)
     del module.lora_a, module.lora_b, module.lora_scale, module.lora_in_ndim
     module.__class__ = type(module)._lora_base

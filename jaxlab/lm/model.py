@@ -55,12 +55,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlab.kernels import sharding
 from jaxlab.nn import attention as attention_lib
 from jaxlab.nn import layers
 
 ARCHS = ("llama", "opt")
 ACTIVATIONS = ("silu", "relu", "gelu", "gelu_tanh")
 ATTENTION_IMPLS = attention_lib.IMPLS
+SCAN_MIN_LAYERS = 4          # scan_layers=None scans from this depth on
+LAYERS_AXIS = "layers"       # logical name of the stacked-layer axis (no rule maps it: replicated)
+ACTIVATION_AXES = ("batch", "length", "embed")   # logical names of the residual stream
 REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
 
 
@@ -91,8 +95,15 @@ class TransformerConfig:
       the architecture's default.
     dtype: compute dtype name ("float32", "bfloat16", "float16").
     param_dtype: parameter dtype name.
-    remat: wrap each block in `nnx.remat` (`jax.checkpoint`) when called without a cache.
-    remat_policy: name of a `jax.checkpoint_policies` policy used by `remat`.
+    remat: wrap each block in `jax.checkpoint` (rematerialise its activations in the backward pass) when
+      called without a cache.
+    remat_policy: name of a `jax.checkpoint_policies` policy used by `remat`: "nothing_saveable" (full
+      remat: only block inputs are kept), "dots_saveable" (matmul outputs kept, elementwise work recomputed),
+      "dots_with_no_batch_dims_saveable", "everything_saveable" (remat=False is "none").
+    scan_layers: keep the blocks' parameters stacked on a leading "layers" axis (`layers/attn/q/kernel` of
+      shape (n_layers, hidden, heads, head_dim)) and run them with `jax.lax.scan`: one block is traced and
+      compiled whatever the depth. None (default): True when n_layers >= 4. The initial values equal the
+      unrolled model's (the blocks are created one by one and stacked), and so do the logits.
     attention: implementation of the un-cached (training / prefill) attention, one of
       `jaxlab.nn.attention.IMPLS`: "auto" (TPU splash, GPU cuDNN or Pallas flash attention with segment ids,
       CPU einsum; "xla" wherever a kernel does not fit the call), "xla" (einsum, the reference), "chunked"
@@ -126,6 +137,7 @@ class TransformerConfig:
   param_dtype: str = "float32"
   remat: bool = False
   remat_policy: str = "nothing_saveable"
+  scan_layers: bool | None = None
   attention: str = "auto"
   init_std: float = 0.02
   pos_offset: int = 2
@@ -165,6 +177,9 @@ class TransformerConfig:
       if not jnp.issubdtype(dt, jnp.floating):
         bad(f"{name}={getattr(self, name)!r} must be a floating dtype")
       set_(name, dt.name)
+    if self.scan_layers is None:
+      set_("scan_layers", self.n_layers >= SCAN_MIN_LAYERS)
+    set_("scan_layers", bool(self.scan_layers))
     if self.remat_policy not in REMAT_POLICIES:
       bad(f"remat_policy={self.remat_policy!r} is not one of {REMAT_POLICIES}")
     if self.attention not in ATTENTION_IMPLS:
@@ -207,7 +222,8 @@ class TransformerConfig:
 
     Derived fields that still hold their derived value (n_kv_heads == n_heads, head_dim == hidden //
     n_heads, the architecture's default activation, word_embed_proj_dim == hidden, final_norm ==
-    do_layer_norm_before) are derived again from the new values unless given in `changes`, so
+    do_layer_norm_before, scan_layers == (n_layers >= 4)) are derived again from the new values unless given
+    in `changes`, so
     `config.replace(hidden=64, n_heads=8)` gets head_dim 8 rather than keeping the old one.
     """
     derived = {
@@ -216,6 +232,7 @@ class TransformerConfig:
         "activation": self.activation == ("silu" if self.arch == "llama" else "relu"),
         "word_embed_proj_dim": self.word_embed_proj_dim == self.hidden,
         "final_norm": self.arch == "llama" or self.final_norm == bool(self.do_layer_norm_before),
+        "scan_layers": self.scan_layers == (self.n_layers >= SCAN_MIN_LAYERS),
     }
     for name, is_derived in derived.items():
       if is_derived and name not in changes:
@@ -439,6 +456,53 @@ def _block_forward(block: Block, h, rope, segment_ids):
   return block(h, rope, None, segment_ids=segment_ids)
 
 
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """`jax.lax.with_sharding_constraint` of x to logical axis names under the mesh and rules in context.
+
+  A no-op without a multi-device mesh (or inside a `shard_map`); a dimension whose mesh axes do not divide
+  it stays unconstrained (e.g. batch 1 while sampling), so the constraint never makes a call fail.
+  """
+  mesh = sharding.current_mesh()
+  if not sharding.multi_device(mesh) or getattr(mesh, "manual_axes", ()):
+    return x
+  spec = sharding.logical_to_mesh(jax.sharding.PartitionSpec(*names), sharding.current_rules(), mesh)
+  sizes = dict(mesh.shape)
+  entries = []
+  for dim, entry in zip(x.shape, tuple(spec) + (None,) * (x.ndim - len(spec))):
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    entries.append(entry if axes and dim % math.prod(sizes[a] for a in axes) == 0 else None)
+  spec = jax.sharding.PartitionSpec(*entries)
+  if isinstance(mesh, jax.sharding.Mesh):
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def stack_blocks(blocks: Sequence[nnx.Module]) -> nnx.Module:
+  """One module of the blocks' structure whose variables are the blocks' stacked on a new leading axis.
+
+  The axis is named `LAYERS_AXIS` in each variable's logical sharding names (`flax.nnx.spmd.add_axis`).
+  """
+  splits = [nnx.split(b) for b in blocks]
+  graphdef, states = splits[0][0], [st for _, st in splits]
+  stacked = jax.tree.map(lambda *vs: vs[0].replace(jnp.stack([v[...] for v in vs])), *states, is_leaf=_is_var)
+  stacked = nnx.spmd.add_axis(stacked, 0, {nnx.PARTITION_NAME: LAYERS_AXIS})
+  return nnx.merge(graphdef, stacked)
+
+
+def unstack_blocks(stacked: nnx.Module) -> list[nnx.Module]:
+  """The inverse of `stack_blocks`: one module per slice of the leading axis (copies)."""
+  graphdef, state = nnx.split(stacked)
+  n = jax.tree.leaves(state)[0].shape[0]
+  state = nnx.spmd.remove_axis(jax.tree.map(lambda v: v.replace(v[...]), state, is_leaf=_is_var), 0,
+                               {nnx.PARTITION_NAME: LAYERS_AXIS})
+  return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v.replace(v[...][i]), state, is_leaf=_is_var))
+          for i in range(n)]
+
+
 # ----------------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------------
@@ -451,7 +515,12 @@ class Transformer(nnx.Module):
   word_embed_proj_dim) ("vocab", "embed"); OPT: `pos_embed/embedding` (max_position + pos_offset, hidden)
   (None, "embed"), `project_in/kernel`, `project_out/kernel` when word_embed_proj_dim != hidden;
   `layers/{i}/{attn_norm, attn/{q,k,v,o}, mlp_norm, mlp/{gate,up,down}}`; `final_norm`; `lm_head/kernel`
-  (hidden, vocab) ("embed", "vocab") unless tied. The module keeps no `nnx.Rngs`.
+  (hidden, vocab) ("embed", "vocab") unless tied. With `scan_layers` the blocks are one stacked `Block`:
+  `layers/{attn_norm, attn/..., mlp_norm, mlp/...}` with a leading (n_layers,) axis named "layers" (no
+  mesh rule maps it, so it is never split). The module keeps no `nnx.Rngs`.
+
+  The residual stream is constrained to the logical axes ("batch", "length", "embed") before every block
+  (`constrain`: a no-op without a multi-device mesh in context).
 
   Args:
     config: the architecture.
@@ -469,7 +538,8 @@ class Transformer(nnx.Module):
       width = c.word_embed_proj_dim
       self.project_in = _dense((width,), (c.hidden,), (None, "embed"), False, c, rngs) if proj else None
       self.project_out = _dense((c.hidden,), (width,), ("embed", None), False, c, rngs) if proj else None
-      self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.n_layers)])
+      blocks = [Block(c, rngs=rngs) for _ in range(c.n_layers)]
+      self.layers = stack_blocks(blocks) if c.scan_layers else nnx.List(blocks)
       self.final_norm = _norm(c) if c.final_norm else None
       self.lm_head = None if c.tie_embeddings else _dense((c.hidden,), (c.vocab_size,), ("embed", "vocab"), False, c,
                                                           rngs)
@@ -526,6 +596,7 @@ class Transformer(nnx.Module):
     if c.arch == "opt" and cache is None and l > c.max_position:
       raise ValueError(f"Transformer: length {l} exceeds max_position={c.max_position} of the learned positions")
     seg = None if segment_ids_bl is None else jnp.asarray(segment_ids_bl, jnp.int32)
+    mask = kv = None
     if cache is None:
       pos = (jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l)) if positions_bl is None
              else jnp.asarray(positions_bl, jnp.int32))
@@ -545,16 +616,18 @@ class Transformer(nnx.Module):
       rows = c.max_position + c.pos_offset          # positions past the table read its last row
       h = h + self.pos_embed(jnp.clip(pos + c.pos_offset, 0, rows - 1)).astype(c.compute_dtype)
     rope = _rope_tables(pos, c) if c.arch == "llama" else None
-    if cache is None:
+    if c.scan_layers:
+      h, kv = self._scan(h, rope, seg, mask, cache, cache_index)
+    elif cache is None:
       fwd = _block_forward
       if c.remat:
         fwd = nnx.remat(_block_forward, policy=getattr(jax.checkpoint_policies, c.remat_policy))
       for layer in self.layers:
-        h = fwd(layer, h, rope, seg)
+        h = fwd(layer, constrain(h, ACTIVATION_AXES), rope, seg)
     else:
       kv = (cache.k, cache.v)
       for i, layer in enumerate(self.layers):
-        h, kv = layer(h, rope, mask, cache=kv, layer=i, cache_index=cache_index)
+        h, kv = layer(constrain(h, ACTIVATION_AXES), rope, mask, cache=kv, layer=i, cache_index=cache_index)
     if self.final_norm is not None:
       h = self.final_norm(h)
     if self.project_out is not None:
@@ -563,6 +636,28 @@ class Transformer(nnx.Module):
     if cache is None:
       return logits
     return logits, KVCache(k=kv[0], v=kv[1], segment_ids=cache_seg)
+
+  def _scan(self, h, rope, seg, mask, cache, cache_index):
+    """The stacked blocks under `jax.lax.scan` (h carried; per-layer parameters and cache slices scanned)."""
+    c = self.config
+    graphdef, state = nnx.split(self.layers)
+    if cache is None:
+      def body(h, layer_state):
+        block = nnx.merge(graphdef, layer_state)
+        return block(constrain(h, ACTIVATION_AXES), rope, None, segment_ids=seg), None
+      if c.remat:
+        body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, c.remat_policy), prevent_cse=False)
+      h, _ = jax.lax.scan(body, h, state)
+      return h, None
+
+    def body_cached(h, xs):
+      layer_state, ck, cv = xs
+      block = nnx.merge(graphdef, layer_state)
+      h, (ck, cv) = block(constrain(h, ACTIVATION_AXES), rope, mask, cache=(ck[None], cv[None]), layer=0,
+                          cache_index=cache_index)
+      return h, (ck[0], cv[0])
+    h, kv = jax.lax.scan(body_cached, h, (state, cache.k, cache.v))
+    return h, kv
 
   def _head(self, h_bld: jax.Array) -> jax.Array:
     """(batch, length, width) -> (batch, length, vocab) float32 (float32 accumulation)."""

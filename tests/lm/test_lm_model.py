@@ -375,11 +375,14 @@ def test_sharded_loss_and_update_equal_single_device():
 # ------------------------------------------------------------------------------------------------
 
 
-def test_transformers_logits_match(tmp_path):
-  """Tiny random transformers Llama / Qwen2 / OPT models, saved as safetensors, loaded by us (and back)."""
+@pytest.mark.parametrize("n_layers", [2, 4], ids=["unrolled", "scanned"])
+def test_transformers_logits_match(tmp_path, n_layers):
+  """Tiny random transformers Llama / Qwen2 / OPT models, saved as safetensors, loaded by us (and back);
+  4 layers load as a scanned (stacked-layer) model."""
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
-  common = dict(vocab_size=V, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=64)
+  common = dict(vocab_size=V, hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
+                max_position_embeddings=64)
   cases = {
       "llama": transformers.LlamaConfig(**common, intermediate_size=48, num_key_value_heads=2, rope_theta=500.0,
                                         tie_word_embeddings=False),
@@ -406,6 +409,7 @@ def test_transformers_logits_match(tmp_path):
         p.add_(0.1 * torch.randn_like(p))
     ref.save_pretrained(str(tmp_path / name), safe_serialization=True)
     ours = from_pretrained(str(tmp_path / name))
+    assert ours.config.scan_layers == (n_layers >= 4)
     with torch.no_grad():
       want = ref(torch.tensor(tokens)).logits.float().numpy()
     got = np.asarray(ours(jnp.asarray(tokens)))
