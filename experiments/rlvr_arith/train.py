@@ -25,19 +25,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from jaxlab import configs, mesh as mesh_lib, metrics
-from jaxlab.data import ArraySource
+from jaxlab import metrics
 from jaxlab.errors import ConfigError
-from jaxlab.lm import generate, hf, sft, sft_data
+from jaxlab.lm import hf, sft_data
 from jaxlab.lm.model import Transformer, TransformerConfig
 from jaxlab.lm.tokenizer import check_fits, load_tokenizer
-from jaxlab.posttrain import arith, rewards as rewards_lib
-from jaxlab.posttrain.advantages import multi_reward_advantages
-from jaxlab.posttrain.grpo import make_grpo_loss_fn, make_logps_fn, per_token_logps
-from jaxlab.posttrain.rft import rejection_sample
-from jaxlab.posttrain.rollout import decode_completion, single_turn
-from jaxlab.state import ModelDef, create_train_state, param_count
-from jaxlab.train import fit, optim, run_loop, run_stages, step as step_lib
+from jaxlab.posttrain import arith, evaluate, rewards as rewards_lib, trainers
+from jaxlab.state import ModelDef, param_count
+from jaxlab.train import run_stages
 
 from . import config as config_lib
 
@@ -93,143 +88,55 @@ def reward_fn(config):
 
 def greedy_eval(model, tok, evals, batch: int, max_new_tokens: int) -> dict[str, float]:
   """Greedy KV-cache generation on held-out problems: answer accuracy and format-valid rate."""
-  hits, valid = [], []
-  for s in range(0, len(evals), batch):
-    chunk = evals[s:s + batch]
-    out = generate(model, [sft_data.encode_prompt(e["prompt"], tok) for e in chunk], max_new_tokens,
-                   stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-    toks, lens = jax.device_get((out.tokens, out.lengths))
-    texts = [decode_completion(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
-    hits += list(rewards_lib.answer_reward(texts, [e["answer"] for e in chunk]))
-    valid += list(rewards_lib.format_reward(texts))
-  return {"acc": float(np.mean(hits)), "format": float(np.mean(valid))}
+  return evaluate.greedy_eval(model, tok, [sft_data.encode_prompt(e["prompt"], tok) for e in evals], evals,
+                              {"acc": _answer, "format": _format}, batch=batch, max_new_tokens=max_new_tokens)
 
 
 def kl_to_reference(model, ref, tok, evals, config, prompts: int = 64, samples: int = 4) -> float:
-  """Monte Carlo KL(pi || ref) per completion of the sampling policies (softmax(logits / T)), in nats.
-
-  Completions of `prompts` held-out problems (`samples` each, fixed key) are drawn from `model`; the estimate is
-  the mean over completions of sum_t (log pi - log ref) (k1: unbiased for the sequence-level KL).
-  """
+  """Monte Carlo KL(pi || ref) per completion (k1) of the sampling policies on `prompts` held-out problems."""
   g = config.grpo
-  ids = [sft_data.encode_prompt(e["prompt"], tok) for e in evals[:prompts]]
-  roll = single_turn(model, ids, samples, key=jax.random.key(config.seed + 11), max_new_tokens=g.max_new_tokens,
-                     temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-  args = (roll.tokens, roll.positions, roll.segment_ids)
-  diff = (per_token_logps(model, *args, temperature=g.temperature)
-          - per_token_logps(ref, *args, temperature=g.temperature))
-  return float(np.mean(np.sum(np.asarray(diff) * roll.loss_mask, axis=1)))
-
-
-def sft_config(config, num_steps: int, learning_rate: float) -> ml_collections.ConfigDict:
-  """The config of an SFT sub-run (`fit`): the run's config with a complete train section for SFT.
-
-  batch_size and warm-up come from config.sft, the step count and learning rate from the caller (SFT start or
-  RFT); warm-up + cosine; the other optimizer settings (adamw, b2, clip, ...) and the checkpoint settings
-  are the run's (config.train).
-  """
-  s, t = config.sft, config.train
-  c = ml_collections.ConfigDict(config.to_dict())
-  c.train = configs.train_config(
-      batch_size=s.batch_size, num_steps=num_steps, log_every=min(50, num_steps), eval_every=0, checkpoint_every=0,
-      keep_checkpoints=t.keep_checkpoints, async_checkpoint=t.async_checkpoint,
-      optimizer=dict(t.optimizer.to_dict(), learning_rate=learning_rate, schedule="warmup_cosine",
-                     warmup_steps=min(s.warmup_steps, num_steps)))
-  c = configs.finalize(c)
-  configs.set_experiment_name(c, configs.experiment_name(config))
-  return c
+  return evaluate.kl_to_reference(
+      model, ref, [sft_data.encode_prompt(e["prompt"], tok) for e in evals[:prompts]], samples=samples,
+      key=jax.random.key(config.seed + 11), max_new_tokens=g.max_new_tokens, temperature=g.temperature,
+      stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
 
 
 def run_sft(config, workdir, modeldef, tok, examples, num_steps, learning_rate, init_params=None, *, dev=None,
             stop_at=0.0, check_every=0, ema_decay=0.0, screen=0, screen_at=0.0):
-  """Masked-prompt SFT on the shared loop; returns (trained params as host arrays, the run's summary).
+  """Masked-prompt SFT (`trainers.sft`); returns (trained params as host arrays, the run's summary).
 
-  With `ema_decay` > 0 the returned params are the run's parameter average (`optim.with_param_ema`). With
-  `stop_at` > 0, greedy accuracy of those params on `dev` is measured every `check_every` steps (once the first
-  `screen` dev problems reach `screen_at`) and training stops at the first check that reaches `stop_at` (a
-  run_loop hook returning True: the stop survives resume).
+  With `stop_at` > 0, greedy accuracy on `dev` is measured every `check_every` steps (once the first `screen`
+  dev problems reach `screen_at`) and training stops at the first check that reaches `stop_at`.
   """
-  c = sft_config(config, num_steps, learning_rate)
-  data = sft_data.build_padded([{"prompt": e["prompt"], "completion": e["completion"]} for e in examples], tok,
-                          config.data.seq_len)
+  rows = sft_data.build_padded([{"prompt": e["prompt"], "completion": e["completion"]} for e in examples], tok,
+                               config.data.seq_len)
 
-  def params_of(state):
-    return optim.param_ema(state.opt_state) if ema_decay else state.params
-
-  def accuracy(state, problems):
-    model = modeldef.merge(params_of(state), state.model_state)
-    model.eval()
+  def accuracy(model, problems):
     return greedy_eval(model, tok, problems, len(problems), config.grpo.max_new_tokens)["acc"]
 
-  def reached(step, state):
-    if stop_at <= 0 or step % check_every:
+  def reached(model):
+    if screen and accuracy(model, dev[:screen]) < screen_at:
       return False
-    if screen and accuracy(state, dev[:screen]) < screen_at:
-      return False
-    return accuracy(state, dev) >= stop_at
+    return accuracy(model, dev) >= stop_at
 
-  wrap = (lambda tx: optim.with_param_ema(tx, ema_decay)) if ema_decay else None
-  res = fit(c, workdir, model_fn=modeldef.model_fn, loss_fn=sft.make_loss_fn(), train_source=ArraySource(data),
-            initial_params=init_params, hooks=(reached,), wrap_optimizer=wrap)
-  return jax.device_get(params_of(res.state)), res.summary
+  s = config.sft
+  return trainers.sft(config, workdir, modeldef, rows, num_steps=num_steps, learning_rate=learning_rate,
+                      batch_size=s.batch_size, warmup_steps=s.warmup_steps, init_params=init_params,
+                      ema_decay=ema_decay, stop_every=check_every if stop_at > 0 else 0, stop_when=reached)
+
+
+def rollout_spec(config, tok, num_generations=None) -> trainers.RolloutSpec:
+  g = config.grpo
+  return trainers.RolloutSpec(num_generations=num_generations or g.num_generations, max_new_tokens=g.max_new_tokens,
+                              temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
 
 
 def run_grpo(config, workdir, modeldef, ref_params, tok, train, *, shuffle: bool):
-  """GRPO from `ref_params` (the SFT model, also the KL reference); returns the final TrainState.
-
-  Runs in the mesh and rules in context (the sampler and the log-prob passes read them from there too).
-  """
-  g, gcfg, t = config.grpo, config_lib.grpo_config(config), config.train
-  mesh, rules = mesh_lib.current_mesh(), mesh_lib.current_rules()
-  tx, schedule = optim.make_optimizer(t.optimizer, t.num_steps * gcfg.num_iterations)  # per update
-  state, shardings = create_train_state(modeldef, tx, mesh, rules, config.seed)
-  state = state.replace(params=jax.device_put(ref_params, shardings.params))
-  ref = jax.device_put(ref_params, shardings.params)
-  bsh = mesh_lib.batch_sharding(mesh, rules)
-  update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, g.temperature), tx, schedule, shardings, bsh)
-  logps_fn = make_logps_fn(modeldef, g.temperature)
-  reward = reward_fn(config)
+  """GRPO from `ref_params` (the SFT model, also the KL reference), `trainers.grpo`; returns the final TrainState."""
   prompt_ids = [sft_data.encode_prompt(e["prompt"], tok) for e in train]
-  width = max(len(p) for p in prompt_ids) + g.max_new_tokens
-  base_key = jax.random.key(config.seed + 7919 * (1 + shuffle))
-
-  def get_batch(step):
-    rng = np.random.default_rng([config.seed, step])
-    return step, rng.choice(len(train), size=t.batch_size, replace=False)
-
-  def step_fn(state, batch_idx):
-    step, idx = batch_idx
-    model = modeldef.merge(state.params, state.model_state)
-    model.eval()
-    roll = single_turn(model, [prompt_ids[i] for i in idx], g.num_generations,
-                       key=jax.random.fold_in(base_key, step), max_new_tokens=g.max_new_tokens,
-                       temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id, width=width)
-    texts = [decode_completion(tok, r) for r in roll.generated]
-    problems = [train[i] for i in idx for _ in range(g.num_generations)]
-    comps = reward.components(texts, problems)
-    used = comps
-    if shuffle:
-      used = comps[np.random.default_rng([config.seed, step, 1]).permutation(len(texts))]
-    adv = multi_reward_advantages(used, reward.weights, g.num_generations, gcfg.advantage_estimator,
-                                  gcfg.per_reward_normalize)
-    batch = jax.device_put(roll.train_batch(adv), bsh)
-    if gcfg.beta > 0:
-      batch["ref_logps"] = logps_fn(ref, state.model_state, batch)
-    if gcfg.num_iterations > 1:
-      batch["old_logps"] = logps_fn(state.params, state.model_state, batch)
-    for _ in range(gcfg.num_iterations):
-      state, m = update(state, batch)
-    lengths = roll.loss_mask.sum(axis=1)
-    m = dict(m)
-    total = comps @ np.asarray(reward.weights)
-    m.update({"rollout/reward": float(np.mean(total)), "rollout/reward_std": float(np.std(total)),
-              **{f"rollout/{n}": float(comps[:, j].mean()) for j, n in enumerate(reward.names)},
-              "rollout/length": float(lengths.mean()), "rollout/truncated": float(1 - roll.stopped.mean())})
-    return state, m
-
-  state, _ = run_loop(config, workdir, state, shardings, step_fn, get_batch,
-                      extra_summary={"num_params": param_count(state.params)})
-  return state
+  return trainers.grpo(config, workdir, modeldef, ref_params, prompt_ids, train, reward_fn(config), tok,
+                       gcfg=config_lib.grpo_config(config), spec=rollout_spec(config, tok),
+                       key=jax.random.key(config.seed + 7919 * (1 + shuffle)), shuffle_rewards=shuffle)
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -308,19 +215,18 @@ class _Run:
 
 
 def _rft(config, workdir, model, modeldef, tok, train, start_params):
-  """Rejection-sampling fine-tuning: SFT from the start on its own correct, well-formatted samples."""
-  r = config.rft
+  """Rejection-sampling fine-tuning (`trainers.rejection_finetune`): SFT from the start on its own correct,
+  well-formatted samples."""
+  r, g = config.rft, config.grpo
   idx = np.random.default_rng([config.seed, 2]).choice(len(train), size=min(r.prompts, len(train)), replace=False)
-  g = config.grpo
-  recs, stats = rejection_sample(model, [train[i]["prompt"] for i in idx], [train[i] for i in idx], tok,
-                                 reward_fn(config), k=r.samples, key=jax.random.key(config.seed + 3),
-                                 max_new_tokens=g.max_new_tokens, temperature=g.temperature,
-                                 threshold=g.answer_weight + g.trace_weight)
-  os.makedirs(workdir, exist_ok=True)
-  metrics.write_json(os.path.join(workdir, "rft_stats.json"), stats)
-  if not recs:
-    return start_params
-  return run_sft(config, workdir, modeldef, tok, recs, r.num_steps, r.learning_rate, start_params)[0]
+  probs = [train[i] for i in idx]
+  params, _ = trainers.rejection_finetune(
+      config, workdir, model, modeldef, [sft_data.encode_prompt(p["prompt"], tok) for p in probs], probs,
+      reward_fn(config), tok, spec=rollout_spec(config, tok, r.samples), key=jax.random.key(config.seed + 3),
+      seq_len=config.data.seq_len, num_steps=r.num_steps, learning_rate=r.learning_rate,
+      batch_size=config.sft.batch_size, warmup_steps=config.sft.warmup_steps,
+      threshold=g.answer_weight + g.trace_weight, init_params=start_params)
+  return start_params if params is None else params
 
 
 def plot(runs, workdirs, out_dir):

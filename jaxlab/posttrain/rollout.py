@@ -14,8 +14,10 @@ token limit) or after `max_turns` generated turns. Observation tokens are contex
 Training rows (`RolloutBatch`): without a memory window, one row per trajectory, prompt + every turn and
 observation in order, exactly the context each turn was generated from, so teacher-forced log-probs equal the
 sampler's. With `memory_window = p`, each turn's context keeps only the p most recent observations (older
-ones are dropped; the model's own turns stay). Turns then saw different contexts, so each turn becomes its own
-row (its context as seen + its tokens), and the rows of a trajectory share its advantage (`trajectory`).
+ones are dropped, or each replaced by the `memory_placeholder` tokens when given, e.g. one "<forgotten>" token
+as in VR-Thinker's windowed visual memory; the model's own turns stay). Turns then saw different contexts, so
+each turn becomes its own row (its context as seen + its tokens), and the rows of a trajectory share its
+advantage (`trajectory`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class RolloutBatch:
     num_turns: (trajectories,) int32 generated turns.
     stopped: (trajectories,) bool, the last turn ended on its own (see `multi_turn`'s stop_tokens), not at the
       token limit or inside a tool call.
+    turn_limited: (trajectories,) bool, the turn limit cut the episode while it was still calling tools (its
+      last turn ends with the tool-call close token).
   """
   tokens: np.ndarray
   positions: np.ndarray
@@ -63,6 +67,23 @@ class RolloutBatch:
   generated: list[list[int]]
   num_turns: np.ndarray
   stopped: np.ndarray
+  turn_limited: np.ndarray | None = None
+
+  def __post_init__(self):
+    if self.turn_limited is None:
+      self.turn_limited = np.zeros(len(self.responses), bool)
+
+  def sequences(self, keep: Sequence[bool] | np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(ids, train) pairs of the rows of the kept trajectories (all by default), in row order: the real
+    tokens and a bool per token, True on generated ones (`jaxlab.lm.sft_data.pad_rows` input: SFT on them
+    trains on the model's tokens only, never on the prompt or an observation)."""
+    keep = np.ones(len(self.responses), bool) if keep is None else np.asarray(keep, bool)
+    out = []
+    for r in range(self.tokens.shape[0]):
+      if keep[self.trajectory[r]]:
+        n = int(self.segment_ids[r].sum())
+        out.append((self.tokens[r, :n].copy(), self.loss_mask[r, :n] > 0))
+    return out
 
   def train_batch(self, advantages: Sequence[float] | np.ndarray) -> dict[str, np.ndarray]:
     """The GRPO batch: row arrays + each row's trajectory advantage ("advantages" (rows,) float32)."""
@@ -108,8 +129,8 @@ def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_
 
 def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations: int, *, key: jax.Array,
                env: ToolEnv | None = None, max_turns: int = 1, tool_end_id: int | None = None,
-               memory_window: int | None = None, width: int | None = None, pad_id: int = 0,
-               stop_tokens: Sequence[int] = ()) -> RolloutBatch:
+               memory_window: int | None = None, memory_placeholder: Sequence[int] | None = None,
+               width: int | None = None, pad_id: int = 0, stop_tokens: Sequence[int] = ()) -> RolloutBatch:
   """Rolls out G trajectories per prompt, with tool turns when `env` is given.
 
   Args:
@@ -121,6 +142,8 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
     max_turns: most generated turns per trajectory (1 = single turn).
     tool_end_id: token that closes a tool call and hands control to `env`.
     memory_window: keep only this many most recent observations in later contexts (None = all).
+    memory_placeholder: with a memory window, tokens standing in for each forgotten observation (context
+      only); None drops forgotten observations.
     width: row width T (default: the longest row); a row longer than `width` raises ValueError.
     pad_id: padding token.
     stop_tokens: the policy's stop tokens; when given, a trajectory counts as stopped only if its last turn
@@ -136,6 +159,9 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
     raise ValueError("multi_turn: max_turns > 1 needs env= (answers tool calls) and tool_end_id=")
   if memory_window is not None and memory_window < 0:
     raise ValueError(f"memory_window must be >= 0 or None, got {memory_window}")
+  if memory_placeholder is not None and memory_window is None:
+    raise ValueError("multi_turn: memory_placeholder needs a memory_window (the number of observations kept)")
+  placeholder = [int(t) for t in memory_placeholder] if memory_placeholder is not None else []
   prompts = [list(map(int, p)) for p in prompts]
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("multi_turn: need at least one prompt, each with >= 1 token")
@@ -144,6 +170,7 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
   turn_rows: list[tuple[int, list[int], list[int], np.ndarray]] = []
   active = np.ones(n, bool)
   stopped = np.zeros(n, bool)
+  cut = np.zeros(n, bool)
   num_turns = np.zeros(n, np.int32)
 
   def visible(segs):
@@ -152,7 +179,7 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
       drop = set()
     else:
       drop = set(obs_idx[:len(obs_idx) - memory_window]) if memory_window < len(obs_idx) else set()
-    return [t for j, s in enumerate(segs) if j not in drop for t in s[1]]
+    return [t for j, s in enumerate(segs) for t in (placeholder if j in drop else s[1])]
 
   for turn in range(max_turns):
     idx = np.flatnonzero(active)
@@ -176,6 +203,7 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
         active[i] = False
         ends = g[-1] in stop_tokens if stop_tokens else tool_end_id is None or g[-1] != tool_end_id
         stopped[i] = bool(g) and ends
+        cut[i] = bool(g) and tool_end_id is not None and g[-1] == tool_end_id
   rows = []   # (trajectory, tokens, mask, logps)
   if memory_window is None:
     for i in range(n):
@@ -207,7 +235,7 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
   return RolloutBatch(**out, trajectory=np.asarray([r[0] for r in rows], np.int32),
                       responses=[[t for _, s, _ in hist[i] for t in s] for i in range(n)],
                       generated=[[t for kind, s, _ in hist[i] if kind == "gen" for t in s] for i in range(n)],
-                      num_turns=num_turns, stopped=stopped)
+                      num_turns=num_turns, stopped=stopped, turn_limited=cut)
 
 
 def single_turn(model_or_policy: Any, prompts: Sequence[Sequence[int]], num_generations: int, *, key: jax.Array,

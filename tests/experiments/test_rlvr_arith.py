@@ -115,7 +115,9 @@ def test_sharded_equals_single_device(tmp_path):
 def test_sft_sub_config_has_a_complete_train_section():
   exp = registry.load("rlvr_arith")
   c = exp.get_config("tiny", {"train.num_steps": 500, "sft.warmup_steps": 30})
-  sub = exp.train_module.sft_config(c, 20, 1e-3)
+  from jaxlab.posttrain import trainers
+  sub = trainers.sft_config(c, num_steps=20, learning_rate=1e-3, batch_size=c.sft.batch_size,
+                            warmup_steps=c.sft.warmup_steps)
   t = sub.train
   assert (t.num_steps, t.batch_size, t.log_every, t.checkpoint_every, t.eval_every) == (20, 64, 20, 0, 0)
   assert (t.optimizer.learning_rate, t.optimizer.schedule, t.optimizer.warmup_steps) == (1e-3, "warmup_cosine", 20)
