@@ -255,8 +255,10 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
   mesh, rules = mesh_lib.current_mesh(), mesh_lib.current_rules()
   tx, schedule = optim.make_optimizer(t.optimizer, t.num_steps * gcfg.num_iterations)  # per update
   state, shardings = create_train_state(modeldef, tx, mesh, rules, seed)
-  state = state.replace(params=jax.device_put(ref_params if init_params is None else init_params, shardings.params))
-  ref = jax.device_put(ref_params, shardings.params)
+  # Copies (may_alias=False): the steps donate the state, and the caller's arrays and the reference must survive.
+  start = ref_params if init_params is None else init_params
+  state = state.replace(params=jax.device_put(start, shardings.params, may_alias=False))
+  ref = jax.device_put(ref_params, shardings.params, may_alias=False)
   bsh = mesh_lib.batch_sharding(mesh, rules)
   update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, spec.temperature), tx, schedule, shardings,
                                     bsh)
