@@ -224,3 +224,30 @@ def test_rollout_spec_errors():
     trainers.RolloutSpec(max_turns=2, env=_LookupEnv(), tool_end_id=END)
   with pytest.raises(ValueError, match="memory_window"):
     multi_turn(_Scripted(), [[BOS, 3]], 1, key=jax.random.key(0), memory_placeholder=(OBS,))
+
+
+def test_sampled_eval_reports_accuracy_pass_at_k_and_majority():
+  """A scripted sampler with a fixed table of answers per prompt; the correct answer is "2"."""
+  table = {0: [2, 2, 2, 2], 1: [2, 3, 2, 3], 3: [3, 2, 3, 4]}
+
+  def policy(contexts, key):
+    del key
+    counter = {}
+    out = []
+    for c in contexts:
+      p = c[1]
+      j = counter.get(p, 0)
+      counter[p] = j + 1
+      out.append([table[p][j], EOS])
+    return out, [np.zeros(2, np.float32) for _ in out]
+
+  tok = _Tok()
+  prompts = [[BOS, 0], [BOS, 1], [BOS, 3]]
+  correct = lambda texts, refs: np.asarray([t == "2" for t in texts], np.float32)
+  got = evaluate.sampled_eval(policy, tok, prompts, [None] * 3, correct=correct, extract=lambda t: t, samples=4,
+                              ks=(1, 2), key=jax.random.key(0), max_new_tokens=2, valid=correct)
+  assert got["sampled_acc"] == pytest.approx((4 + 2 + 1) / 12)
+  assert got["pass@1"] == pytest.approx((1 + 0.5 + 0.25) / 3)
+  assert got["pass@2"] == pytest.approx((1 + (1 - 1 / 6) + (1 - 3 / 6)) / 3)
+  assert got["maj@4"] == pytest.approx(2 / 3)   # "2"; a 2-2 tie goes to the first seen ("2"); "3" is wrong
+  assert got["length"] == 2.0 and got["format"] == pytest.approx(7 / 12)
