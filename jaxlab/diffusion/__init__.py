@@ -11,6 +11,9 @@
 * `data`: unions of M random k-dimensional subspaces of R^D with Gaussian or uniform coordinates.
 * `metrics`: exact W1 (POT), entropic W1 (ott-jax), sliced W1, nearest-subspace distance and assignment,
   log-log slope fits with confidence intervals.
+* `flow` (import it directly): flow matching with the linear interpolant z = t x + (1 - t) eps, where t = 1 is
+  CLEAN, the opposite direction of the OU time above (t = 0 clean); x-prediction with the v-loss, Euler / Heun
+  over per-stream times, sampling schedules. `guidance`: per-stream classifier-free guidance and autoguidance.
 """
 
 from jaxlab.diffusion.ou import geometric_grid, ou_coeffs, ou_sample, ou_transition  # noqa: F401
