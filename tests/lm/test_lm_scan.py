@@ -196,10 +196,11 @@ def _compile(n_layers: int, scan: bool) -> tuple[float, int]:
 
 
 def test_compile_time_does_not_grow_with_depth():
-  """32 scanned layers compile within 1.5x the time of 4 (the min of 3 interleaved tries each, against timer
-  noise and other load) and to the same program size; the unrolled 32-layer step is reported for comparison."""
+  """32 scanned layers compile within 1.5x the time of 4 (the min of 2 interleaved tries each, against timer
+  noise and other load) and to the same program size (deterministic); the unrolled 32-layer program is over 4x
+  larger (its compile time is reported, not asserted: it is load-sensitive)."""
   runs = {4: [], 32: []}
-  for _ in range(3):
+  for _ in range(2):
     for n in (4, 32):
       runs[n].append(_compile(n, True))
   (t4, hlo4), (t32, hlo32) = min(runs[4]), min(runs[32])

@@ -146,6 +146,7 @@ def _step(md, params, batch, key):
   return jax.tree.map(lambda p, d: p - 0.1 * d, params, g)
 
 
+@pytest.mark.slow   # about 60 s (two gradient compiles of the DiT); run with -m slow
 def test_sharded_v_loss_step_equals_single_device():
   c = dataclasses.replace(dit.DiTConfig(**SMALL), context_dim=None)
   md = ModelDef(lambda rngs: dit.DiT(c, rngs=rngs))
