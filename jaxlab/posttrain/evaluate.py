@@ -109,11 +109,8 @@ def sampled_eval(model, tokenizer, prompt_ids: Sequence[Sequence[int]], problems
     out[f"pass@{k}"] = float(np.mean([pass_at_k(samples, int(c), k) for c in hit.sum(axis=1)]))
   answers = [[extract(texts[p * samples + j]) for j in range(samples)] for p in range(len(prompt_ids))]
 
-  def is_correct(p, answer):
-    for j in range(samples):                      # the score of a completion that gave this answer
-      if extract(texts[p * samples + j]) == answer:
-        return bool(hit[p, j])
-    return False
+  def is_correct(p, answer):                      # the score of the first completion that gave this answer
+    return bool(hit[p, answers[p].index(answer)])
   out[f"maj@{samples}"] = majority_vote(answers, is_correct)
   if valid is not None:
     out["format"] = float(np.mean(valid(texts, refs)))

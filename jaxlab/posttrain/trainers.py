@@ -41,7 +41,8 @@ from jaxlab.lm import sft_data
 from jaxlab.posttrain.advantages import multi_reward_advantages
 from jaxlab.posttrain.grpo import GRPOConfig, make_grpo_loss_fn, make_logps_fn
 from jaxlab.posttrain.rewards import CompositeReward
-from jaxlab.posttrain.rollout import RolloutBatch, ToolEnv, decode_completion, multi_turn, sampler_policy
+from jaxlab.posttrain.rollout import (RolloutBatch, ToolEnv, _is_policy, decode_completion, multi_turn,
+                                      sampler_policy)
 from jaxlab.state import ModelDef, create_train_state, param_count
 from jaxlab.train import fit, optim, run_loop, step as step_lib
 
@@ -97,18 +98,13 @@ class RolloutSpec:
               num_generations: int | None = None, width: int | None = None) -> RolloutBatch:
     """Rollouts of `model` (a `jaxlab.lm.Transformer` or a policy callable) on `prompts`."""
     policy = model
-    if not callable(model) or _is_transformer(model):
+    if not _is_policy(model):
       policy = sampler_policy(model, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
                               top_p=self.top_p, stop_tokens=self.stop_tokens, pad_id=self.pad_id)
     return multi_turn(policy, prompts, num_generations or self.num_generations, key=key, env=self.env,
                       max_turns=self.max_turns, tool_end_id=self.tool_end_id, memory_window=self.memory_window,
                       memory_placeholder=self.memory_placeholder, width=width, pad_id=self.pad_id,
                       stop_tokens=self.stop_tokens)
-
-
-def _is_transformer(obj) -> bool:
-  from jaxlab.lm.model import Transformer  # pylint: disable=g-import-not-at-top
-  return isinstance(obj, Transformer)
 
 
 # ----------------------------------------------------------------------------------------------------- SFT
