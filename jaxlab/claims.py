@@ -88,3 +88,18 @@ def fraction(pred: Callable[[Summary], bool]) -> Callable[[Sequence[Summary]], f
 def count(pred: Callable[[Summary], bool]) -> Callable[[Sequence[Summary]], float]:
   """Number of runs for which `pred(summary)` holds."""
   return lambda runs: float(sum(bool(pred(r)) for r in runs))
+
+
+def t_bound(values: Sequence[float], level: float = 0.95, side: str = "lower") -> float:
+  """One-sided Student-t confidence bound on the mean of `values` (n >= 2): mean -/+ t_{level, n-1} sd / sqrt(n).
+
+  side: "lower" (the mean is above it with confidence `level`) or "upper".
+  """
+  from scipy import stats  # pylint: disable=g-import-not-at-top
+  v = np.asarray(values, np.float64)
+  if v.ndim != 1 or len(v) < 2:
+    raise ValueError(f"a t bound needs >= 2 values, got shape {v.shape}")
+  if side not in ("lower", "upper"):
+    raise ValueError(f"side must be 'lower' or 'upper', got {side!r}")
+  half = stats.t.ppf(level, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+  return float(v.mean() - half if side == "lower" else v.mean() + half)

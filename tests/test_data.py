@@ -69,3 +69,12 @@ def test_digits_split_is_stratified_and_disjoint():
   assert len(tr["label"]) + len(te["label"]) == 1797 and te["image"].shape[1:] == (8, 8, 1)
   assert set(np.unique(te["label"])) == set(range(10))
   assert 0.0 <= tr["image"].min() and tr["image"].max() <= 1.0
+
+
+def test_digits_value_range_maps_pixels_linearly():
+  base, pm = data_lib.digits("train"), data_lib.digits("train", value_range=(-1, 1))
+  np.testing.assert_allclose(pm["image"], 2 * base["image"] - 1, atol=1e-6)
+  assert pm["image"].min() == -1.0 and pm["image"].max() == 1.0
+  np.testing.assert_array_equal(pm["label"], base["label"])
+  with pytest.raises(ValueError, match="lo < hi"):
+    data_lib.digits(value_range=(1, 1))

@@ -31,13 +31,8 @@ def log_ratio_upper(a: str, b: str, confidence: float = CONFIDENCE):
 
   mean(d) + t_{confidence, n-1} sd(d) / sqrt(n), d_s = log(a_s / b_s) per seed s.
   """
-  from scipy import stats  # pylint: disable=g-import-not-at-top
-
   def measure(runs):
-    d = np.log([r[a] / r[b] for r in runs])
-    if len(d) < 2:
-      raise ValueError(f"a t bound needs at least 2 seeds, got {len(d)}")
-    return float(d.mean() + stats.t.ppf(confidence, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d)))
+    return claims.t_bound(np.log([r[a] / r[b] for r in runs]), confidence, "upper")
   return measure
 
 

@@ -12,7 +12,6 @@ from Qwen3-8B: `--config.data.pool_file=gpqa_conf_qwen3_64.jsonl`; shuffled mult
 
 import ml_collections
 import numpy as np
-from scipy import stats
 
 from jaxlab import claims, configs
 
@@ -33,10 +32,7 @@ def _mean_gain(runs):
 
 def t_lower_bound(values, level: float = 0.95) -> float:
   """One-sided `level` Student-t lower confidence bound on the mean of `values` (n >= 2)."""
-  v = np.asarray(values, np.float64)
-  if v.ndim != 1 or len(v) < 2:
-    raise ValueError(f"t_lower_bound needs >= 2 values, got {v.shape}")
-  return float(v.mean() - stats.t.ppf(level, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
+  return claims.t_bound(values, level, "lower")
 
 
 def _savings(kind):

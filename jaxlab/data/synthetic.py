@@ -8,20 +8,28 @@ from __future__ import annotations
 import numpy as np
 
 
-def digits(split: str = "train", test_fraction: float = 0.25, seed: int = 0) -> dict[str, np.ndarray]:
-  """scikit-learn's 8x8 handwritten digits (1797 images, 10 classes), scaled to [0, 1].
+def digits(split: str = "train", test_fraction: float = 0.25, seed: int = 0,
+           value_range: tuple[float, float] = (0.0, 1.0)) -> dict[str, np.ndarray]:
+  """scikit-learn's 8x8 handwritten digits (1797 images, 10 classes), scaled to [0, 1] (or `value_range`).
 
   Args:
     split: "train" or "test" (a fixed stratified split, independent of the run seed by default).
     test_fraction: fraction held out for "test".
     seed: split seed.
+    value_range: (lo, hi) the pixel range 0..16 is mapped onto linearly; (-1, 1) for diffusion models.
 
   Returns:
     {"image": float32 (N, 8, 8, 1), "label": int32 (N,)}.
   """
   from sklearn.datasets import load_digits
   d = load_digits()
-  x = (d.images / 16.0).astype(np.float32)[..., None]
+  lo, hi = (float(v) for v in value_range)
+  if not lo < hi:
+    raise ValueError(f"digits value_range must be (lo, hi) with lo < hi, got {tuple(value_range)}")
+  x = d.images / 16.0
+  if (lo, hi) != (0.0, 1.0):
+    x = lo + (hi - lo) * x
+  x = x.astype(np.float32)[..., None]
   y = d.target.astype(np.int32)
   rng = np.random.default_rng(seed)
   test = np.zeros(len(y), bool)

@@ -61,7 +61,7 @@ from flax import nnx
 from jaxlab.errors import ConfigError
 
 LORA_NAMES = ("lora_a", "lora_b")
-STACK_AXIS = "layers"      # `jaxlab.lm.model.LAYERS_AXIS`: kernels stacked for scan_layers lead with it
+STACK_AXIS = "layers"      # `jaxlab.nn.layers.LAYERS_AXIS`: kernels stacked for scan_layers lead with it
 DEFAULT_TARGETS = ("q", "v", "q_proj", "v_proj")
 
 

@@ -63,9 +63,11 @@ ARCHS = ("llama", "opt")
 ACTIVATIONS = ("silu", "relu", "gelu", "gelu_tanh")
 ATTENTION_IMPLS = attention_lib.IMPLS
 SCAN_MIN_LAYERS = 4          # scan_layers=None scans from this depth on
-LAYERS_AXIS = "layers"       # logical name of the stacked-layer axis (no rule maps it: replicated)
+LAYERS_AXIS = layers.LAYERS_AXIS
 ACTIVATION_AXES = ("batch", "length", "embed")   # logical names of the residual stream
-REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
+REMAT_POLICIES = layers.REMAT_POLICIES
+constrain = layers.constrain
+stack_blocks = layers.stack_blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -456,53 +458,6 @@ def _block_forward(block: Block, h, rope, segment_ids):
   return block(h, rope, None, segment_ids=segment_ids)
 
 
-def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
-  """`jax.lax.with_sharding_constraint` of x to logical axis names under the mesh and rules in context.
-
-  A no-op without a multi-device mesh (or inside a `shard_map`); a dimension whose mesh axes do not divide
-  it stays unconstrained (e.g. batch 1 while sampling), so the constraint never makes a call fail.
-  """
-  mesh = sharding.current_mesh()
-  if not sharding.multi_device(mesh) or getattr(mesh, "manual_axes", ()):
-    return x
-  spec = sharding.logical_to_mesh(jax.sharding.PartitionSpec(*names), sharding.current_rules(), mesh)
-  sizes = dict(mesh.shape)
-  entries = []
-  for dim, entry in zip(x.shape, tuple(spec) + (None,) * (x.ndim - len(spec))):
-    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
-    entries.append(entry if axes and dim % math.prod(sizes[a] for a in axes) == 0 else None)
-  spec = jax.sharding.PartitionSpec(*entries)
-  if isinstance(mesh, jax.sharding.Mesh):
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
-  return jax.lax.with_sharding_constraint(x, spec)
-
-
-def _is_var(x) -> bool:
-  return isinstance(x, nnx.Variable)
-
-
-def stack_blocks(blocks: Sequence[nnx.Module]) -> nnx.Module:
-  """One module of the blocks' structure whose variables are the blocks' stacked on a new leading axis.
-
-  The axis is named `LAYERS_AXIS` in each variable's logical sharding names (`flax.nnx.spmd.add_axis`).
-  """
-  splits = [nnx.split(b) for b in blocks]
-  graphdef, states = splits[0][0], [st for _, st in splits]
-  stacked = jax.tree.map(lambda *vs: vs[0].replace(jnp.stack([v[...] for v in vs])), *states, is_leaf=_is_var)
-  stacked = nnx.spmd.add_axis(stacked, 0, {nnx.PARTITION_NAME: LAYERS_AXIS})
-  return nnx.merge(graphdef, stacked)
-
-
-def unstack_blocks(stacked: nnx.Module) -> list[nnx.Module]:
-  """The inverse of `stack_blocks`: one module per slice of the leading axis (copies)."""
-  graphdef, state = nnx.split(stacked)
-  n = jax.tree.leaves(state)[0].shape[0]
-  state = nnx.spmd.remove_axis(jax.tree.map(lambda v: v.replace(v[...]), state, is_leaf=_is_var), 0,
-                               {nnx.PARTITION_NAME: LAYERS_AXIS})
-  return [nnx.merge(graphdef, jax.tree.map(lambda v, i=i: v.replace(v[...][i]), state, is_leaf=_is_var))
-          for i in range(n)]
-
-
 # ----------------------------------------------------------------------------------------------------
 # Model
 # ----------------------------------------------------------------------------------------------------
@@ -640,24 +595,17 @@ class Transformer(nnx.Module):
   def _scan(self, h, rope, seg, mask, cache, cache_index):
     """The stacked blocks under `jax.lax.scan` (h carried; per-layer parameters and cache slices scanned)."""
     c = self.config
-    graphdef, state = nnx.split(self.layers)
     if cache is None:
-      def body(h, layer_state):
-        block = nnx.merge(graphdef, layer_state)
+      def apply(block, h, _):
         return block(constrain(h, ACTIVATION_AXES), rope, None, segment_ids=seg), None
-      if c.remat:
-        body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, c.remat_policy), prevent_cse=False)
-      h, _ = jax.lax.scan(body, h, state)
-      return h, None
+      return layers.scan_blocks(self.layers, h, apply, remat_policy=c.remat_policy if c.remat else None)[0], None
 
-    def body_cached(h, xs):
-      layer_state, ck, cv = xs
-      block = nnx.merge(graphdef, layer_state)
+    def apply_cached(block, h, kv):
+      ck, cv = kv
       h, (ck, cv) = block(constrain(h, ACTIVATION_AXES), rope, mask, cache=(ck[None], cv[None]), layer=0,
                           cache_index=cache_index)
       return h, (ck[0], cv[0])
-    h, kv = jax.lax.scan(body_cached, h, (state, cache.k, cache.v))
-    return h, kv
+    return layers.scan_blocks(self.layers, h, apply_cached, (cache.k, cache.v))
 
   def _head(self, h_bld: jax.Array) -> jax.Array:
     """(batch, length, width) -> (batch, length, vocab) float32 (float32 accumulation)."""

@@ -42,7 +42,6 @@ import numpy as np
 from flax import nnx
 
 from jaxlab.errors import ConfigError
-from jaxlab.lm.model import REMAT_POLICIES, constrain, stack_blocks
 from jaxlab.nn import attention as attention_lib
 from jaxlab.nn import layers
 
@@ -119,8 +118,8 @@ class DiTConfig:
       bad(f"head_hidden={hh} must be a multiple of head_dim={self.hidden // self.heads}")
     if self.attention not in attention_lib.IMPLS:
       bad(f"attention={self.attention!r} is not one of {attention_lib.IMPLS}")
-    if self.remat_policy not in REMAT_POLICIES:
-      bad(f"remat_policy={self.remat_policy!r} is not one of {REMAT_POLICIES}")
+    if self.remat_policy not in layers.REMAT_POLICIES:
+      bad(f"remat_policy={self.remat_policy!r} is not one of {layers.REMAT_POLICIES}")
 
   @property
   def head_dim(self) -> int:
@@ -309,20 +308,17 @@ class _Stack(nnx.Module):
 
   def __init__(self, blocks: list, scan: bool):
     self.scan = scan and len(blocks) > 1
-    self.blocks = stack_blocks(blocks) if self.scan else nnx.List(blocks)
+    self.blocks = layers.stack_blocks(blocks) if self.scan else nnx.List(blocks)
 
   def __call__(self, h, cond, pos, c: DiTConfig, **kw):
     if not self.scan:
       for b in self.blocks:
-        h = b(constrain(h, ACT), cond, pos, **kw)
+        h = b(layers.constrain(h, ACT), cond, pos, **kw)
       return h
-    graphdef, state = nnx.split(self.blocks)
 
-    def body(h, layer):
-      return nnx.merge(graphdef, layer)(constrain(h, ACT), cond, pos, **kw), None
-    if c.remat:
-      body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, c.remat_policy), prevent_cse=False)
-    return jax.lax.scan(body, h, state)[0]
+    def apply(block, h, _):
+      return block(layers.constrain(h, ACT), cond, pos, **kw), None
+    return layers.scan_blocks(self.blocks, h, apply, remat_policy=c.remat_policy if c.remat else None)[0]
 
 
 class Head(nnx.Module):

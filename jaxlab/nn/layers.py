@@ -23,11 +23,13 @@ What is flax's and what is ours:
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+
+from jaxlab.kernels import sharding
 
 Initializer = Callable[..., jax.Array]
 
@@ -188,3 +190,66 @@ class LayerNorm(nnx.Module):
     var = jnp.mean(jnp.square(x32 - mu), axis=-1, keepdims=True)
     y = (x32 - mu) * jax.lax.rsqrt(var + self.eps)
     return (y * self.weight[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)).astype(self.dtype)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Stacked (scanned) blocks and activation sharding, shared by the LM transformer and the DiT
+# ----------------------------------------------------------------------------------------------------
+
+LAYERS_AXIS = "layers"       # logical name of the stacked-layer axis (no rule maps it: replicated)
+REMAT_POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable", "everything_saveable")
+
+
+def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
+  """`jax.lax.with_sharding_constraint` of x to logical axis names under the mesh and rules in context.
+
+  A no-op without a multi-device mesh (or inside a `shard_map`); a dimension whose mesh axes do not divide
+  it stays unconstrained (e.g. batch 1 while sampling), so the constraint never makes a call fail.
+  """
+  mesh = sharding.current_mesh()
+  if not sharding.multi_device(mesh) or getattr(mesh, "manual_axes", ()):
+    return x
+  spec = sharding.logical_to_mesh(jax.sharding.PartitionSpec(*names), sharding.current_rules(), mesh)
+  sizes = dict(mesh.shape)
+  entries = []
+  for dim, entry in zip(x.shape, tuple(spec) + (None,) * (x.ndim - len(spec))):
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    entries.append(entry if axes and dim % math.prod(sizes[a] for a in axes) == 0 else None)
+  spec = jax.sharding.PartitionSpec(*entries)
+  if isinstance(mesh, jax.sharding.Mesh):
+    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, spec))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
+def _is_var(x) -> bool:
+  return isinstance(x, nnx.Variable)
+
+
+def stack_blocks(blocks: Sequence[nnx.Module]) -> nnx.Module:
+  """One module of the blocks' structure whose variables are the blocks' stacked on a new leading axis.
+
+  The axis is named `LAYERS_AXIS` in each variable's logical sharding names (`flax.nnx.spmd.add_axis`).
+  """
+  splits = [nnx.split(b) for b in blocks]
+  graphdef, states = splits[0][0], [st for _, st in splits]
+  stacked = jax.tree.map(lambda *vs: vs[0].replace(jnp.stack([v[...] for v in vs])), *states, is_leaf=_is_var)
+  stacked = nnx.spmd.add_axis(stacked, 0, {nnx.PARTITION_NAME: LAYERS_AXIS})
+  return nnx.merge(graphdef, stacked)
+
+
+def scan_blocks(stacked: nnx.Module, h: Any, apply: Callable, xs: Any = None, *,
+                remat_policy: str | None = None) -> tuple[Any, Any]:
+  """Runs h through `stack_blocks` output under `jax.lax.scan`: (final h, stacked per-layer outputs).
+
+  `apply(block, h, x) -> (h, y)` is called with one layer's block and the matching slice of `xs` (None when
+  xs is None). `remat_policy` (one of `REMAT_POLICIES`) wraps the scan body in `jax.checkpoint` with that
+  policy (`prevent_cse=False`, as scan bodies need no CSE barrier); None keeps every activation.
+  """
+  graphdef, state = nnx.split(stacked)
+
+  def body(h, layer_xs):
+    layer_state, x = layer_xs
+    return apply(nnx.merge(graphdef, layer_state), h, x)
+  if remat_policy is not None:
+    body = jax.checkpoint(body, policy=getattr(jax.checkpoint_policies, remat_policy), prevent_cse=False)
+  return jax.lax.scan(body, h, (state, xs))
