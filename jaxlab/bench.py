@@ -69,8 +69,8 @@ def _matmul(n: int = 1024) -> Benchmark:
 
 
 # Library modules with BENCHMARKS (scaling studies that are not single kernels).
-LIBRARY_BENCH_MODULES = ("jaxlab.causal.bench", "jaxlab.graphs.bench", "jaxlab.lm.bench", "jaxlab.nn.bench",
-                         "jaxlab.ot.bench")
+LIBRARY_BENCH_MODULES = ("jaxlab.causal.bench", "jaxlab.diffusion.bench", "jaxlab.graphs.bench", "jaxlab.lm.bench",
+                         "jaxlab.nn.bench", "jaxlab.ot.bench")
 
 
 def discover() -> list[Benchmark]:

@@ -78,3 +78,39 @@ def test_digits_value_range_maps_pixels_linearly():
   np.testing.assert_array_equal(pm["label"], base["label"])
   with pytest.raises(ValueError, match="lo < hi"):
     data_lib.digits(value_range=(1, 1))
+
+
+def test_center_crop_follows_adm():
+  from PIL import Image
+  from jaxlab.data import images
+  rng = np.random.default_rng(0)
+  img = rng.integers(0, 256, (300, 500, 3), dtype=np.uint8)
+  out = images.center_crop(img, 64)
+  # ADM: box-halve while the short side >= 2 x 64 (300 -> 150 -> 75), bicubic to short side 64, center crop
+  ref = Image.fromarray(img).resize((250, 150), resample=Image.BOX).resize((125, 75), resample=Image.BOX)
+  ref = np.asarray(ref.resize((round(125 * 64 / 75), 64), resample=Image.BICUBIC))
+  left = (ref.shape[1] - 64) // 2
+  np.testing.assert_array_equal(out, ref[:, left:left + 64])
+  assert images.center_crop(img[:64, :64], 64).tolist() == img[:64, :64].tolist()   # already the size
+  assert images.center_crop(img[:, :, 0], 32).shape == (32, 32, 3)                   # grayscale -> RGB
+  x = images.to_value_range({"image": np.array([[0, 255]], np.uint8), "label": np.array([1])})
+  np.testing.assert_allclose(x["image"], [[-1.0, 1.0]]) and x["label"].tolist() == [1]
+
+
+def test_imagenet_source_under_mock_data_crops_each_row():
+  from jaxlab.data import images
+  with tfds.testing.mock_data(num_examples=6, policy=tfds.testing.MockPolicy.USE_CODE):
+    src = images.ImageNetSource("train", image_size=16)
+    assert len(src) == 6
+    rows = src[np.arange(4)]
+    assert rows["image"].shape == (4, 16, 16, 3) and rows["image"].dtype == np.uint8
+    assert rows["label"].dtype == np.int32 and rows["label"].shape == (4,)
+    b = data_lib.Batcher(src, 4, seed=0, transform=images.to_value_range)
+    local = b.local_batch(0, slice(0, 2))          # a process reads only its rows
+    assert local["image"].shape == (2, 16, 16, 3) and local["image"].min() >= -1
+
+
+def test_imagenet_missing_is_a_clear_error(tmp_path):
+  from jaxlab.data import images
+  with pytest.raises(DataError, match="manual download"):
+    images.ImageNetSource("train", data_dir=str(tmp_path))

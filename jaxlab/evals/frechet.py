@@ -48,3 +48,30 @@ def frechet_distance(mu1, c1, mu2, c2) -> float:
 def frechet_from_features(a, b) -> float:
   """The Frechet distance of two (n, d) feature sets."""
   return frechet_distance(*feature_stats(a), *feature_stats(b))
+
+
+def load_stats(path: str) -> tuple[np.ndarray, np.ndarray]:
+  """(mean, covariance) from a local .npz: either precomputed statistics under "mu" and "sigma" (the format
+  of ADM's ImageNet reference batches, e.g. VIRTUAL_imagenet256_labeled.npz, and of pytorch-fid's saved
+  stats) or raw (n, d) features under "features" (or the single array of the file), e.g. Inception-v3 pool
+  features of generated samples computed with any local Inception.
+
+  Raises:
+    DataError: a missing file or neither layout.
+  """
+  import os  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    raise DataError(f"frechet: no statistics file {path} (nothing is downloaded: compute the Inception "
+                    "features locally and save them as .npz with 'features', or 'mu' and 'sigma')")
+  with np.load(path) as f:
+    if "mu" in f.files and "sigma" in f.files:
+      return np.asarray(f["mu"], np.float64), np.asarray(f["sigma"], np.float64)
+    key = "features" if "features" in f.files else (f.files[0] if len(f.files) == 1 else None)
+    if key is None:
+      raise DataError(f"frechet: {path} holds {f.files}; expected 'mu' and 'sigma', or 'features' (n, d)")
+    return feature_stats(f[key])
+
+
+def fid_from_files(samples: str, reference: str) -> float:
+  """The Frechet distance of two local statistics / feature files (`load_stats` layouts)."""
+  return frechet_distance(*load_stats(samples), *load_stats(reference))

@@ -397,3 +397,36 @@ class DiT(nnx.Module):
     for n, ch, p in c.streams:
       out[n] = unpatchify(self.heads[n](h, cond, (rows, cols), c).astype(jnp.float32), p, c.grid, ch)
     return out
+
+
+def count_params(config: DiTConfig) -> int:
+  """Parameters of `DiT(config)` (from the abstract model; nothing is allocated)."""
+  model = nnx.eval_shape(lambda: DiT(config, rngs=nnx.Rngs(0)))
+  return int(sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param))))
+
+
+def flops_per_image(config: DiTConfig) -> float:
+  """Model FLOPs of one TRAINING image (forward + backward = 3x the forward's matmul and attention FLOPs).
+
+  Per block of width w, MLP width m and T tokens: 2 T (4 w^2 + 3 w m) for the projections and SwiGLU,
+  4 T^2 w for the attention scores and values, 2 w 6w for the adaLN modulation (once per image); plus the
+  patch embeddings (2 T (p^2 C b + b h) per stream), the final layers (2 T w p^2 C + 2 w 2w per stream). The
+  timestep and label embedders and the norms are left out (under 0.1% at the zoo sizes). Cross-attention is
+  not counted (the benchmark runs without a context).
+  """
+  c = config
+  n = c.grid[0] * c.grid[1]
+
+  def block(w, tokens):
+    m = _swiglu_width(w, c.mlp_ratio)
+    return 2 * tokens * (4 * w * w + 3 * w * m) + 4 * tokens * tokens * w + 2 * w * 6 * w
+
+  fwd = c.in_context_start * block(c.hidden, n) + (c.depth - c.in_context_start) * block(c.hidden, n + c.class_tokens)
+  hh = c.head_hidden or c.hidden
+  for _, ch, p in c.streams:
+    fwd += 2 * n * (p * p * ch * c.bottleneck + c.bottleneck * c.hidden)
+    width = hh if c.head_depth else c.hidden
+    if c.head_depth:
+      fwd += 2 * n * c.hidden * hh + c.head_depth * block(hh, n)
+    fwd += 2 * n * width * p * p * ch + 2 * width * 2 * width
+  return 3.0 * fwd

@@ -144,3 +144,20 @@ def test_frechet_distance_equals_scipy_sqrtm_formula():
     feature_stats(a[:1])
   with pytest.raises(DataError, match="NaN"):
     feature_stats(np.full((3, 2), np.nan))
+
+
+def test_fid_from_local_statistics_files(tmp_path):
+  from jaxlab.evals import frechet
+  rng = np.random.default_rng(1)
+  a, b = rng.standard_normal((200, 6)), rng.standard_normal((150, 6)) + 0.5
+  np.savez(tmp_path / "samples.npz", features=a)                     # raw features
+  np.savez(tmp_path / "ref.npz", mu=b.mean(0), sigma=np.cov(b, rowvar=False))   # ADM / pytorch-fid stats
+  np.savez(tmp_path / "single.npz", b)                               # one unnamed array: features
+  want = frechet_from_features(a, b)
+  assert frechet.fid_from_files(str(tmp_path / "samples.npz"), str(tmp_path / "ref.npz")) == pytest.approx(want)
+  assert frechet.fid_from_files(str(tmp_path / "samples.npz"), str(tmp_path / "single.npz")) == pytest.approx(want)
+  np.savez(tmp_path / "bad.npz", x=a, y=b)
+  with pytest.raises(DataError, match="expected 'mu' and 'sigma'"):
+    frechet.load_stats(str(tmp_path / "bad.npz"))
+  with pytest.raises(DataError, match="nothing is downloaded"):
+    frechet.load_stats(str(tmp_path / "missing.npz"))
