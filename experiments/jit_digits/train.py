@@ -34,6 +34,7 @@ from . import config as config_lib  # noqa: F401  (relative: works for installed
 from . import method
 
 log = logging.getLogger("jaxlab")
+PLOT_PER_CLASS = 8
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -89,8 +90,9 @@ def sample_stage(ctx, source, train, held) -> dict:
   labels = np.asarray(held["label"], np.int32)
   samples = method.generate(config, graphdef, params, labels, ctx.key(), ctx.mesh)
   out = method.scores(judge, samples, labels, train, held)
-  out["samples"] = samples[:100].astype(np.float32)
-  out["sample_labels"] = labels[:100]
+  keep = np.concatenate([np.flatnonzero(labels == c)[:PLOT_PER_CLASS] for c in np.unique(labels)])
+  out["samples"] = samples[keep].astype(np.float32)         # for the plot: the first few of each class
+  out["sample_labels"] = labels[keep]
   return out
 
 
@@ -115,7 +117,7 @@ def summarise(results) -> dict:
 
 
 def plot(runs, workdirs, out_dir):
-  """Samples of the first seed (one row per class) beside real training digits; per-class judge accuracy."""
+  """Samples of the first seed (one row per class) and the judge's per-class accuracy (mean over seeds)."""
   from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   if not workdirs:
     return []
@@ -123,23 +125,24 @@ def plot(runs, workdirs, out_dir):
   if "samples" not in arr:
     return []
   x, y = np.asarray(arr["samples"])[..., 0], np.asarray(arr["sample_labels"])
-  per = 6
-  fig, axes = plt.subplots(10, per + 1, figsize=(0.6 * (per + 1) + 2.6, 6.4),
-                           gridspec_kw={"width_ratios": [1] * per + [3.5]})
-  for c in range(10):
-    imgs = x[y == c][:per]
-    for j in range(per):
-      ax = axes[c, j]
-      ax.axis("off")
-      if j < len(imgs):
-        ax.imshow(imgs[j], cmap="gray_r", vmin=-1, vmax=1)
-    accs = [r.get(f"judge_acc/{c}", np.nan) for r in runs]
-    axes[c, per].barh([0], [np.nanmean(accs)], color="C0")
-    axes[c, per].set_xlim(0, 1)
-    axes[c, per].set_yticks([])
-    axes[c, per].set_xticks([0, 0.5, 1] if c == 9 else [])
-    axes[c, per].set_ylabel(str(c), rotation=0, labelpad=8)
-  axes[0, 0].set_title("samples (seed 0), 20 Heun steps", loc="left", fontsize=9)
-  axes[0, per].set_title("judge acc.", fontsize=9)
+  classes = np.unique(y)
+  h, w = x.shape[1:3]
+  grid = np.full((len(classes) * (h + 1), PLOT_PER_CLASS * (w + 1)), -1.0)
+  for i, c in enumerate(classes):
+    for j, img in enumerate(x[y == c][:PLOT_PER_CLASS]):
+      grid[i * (h + 1):i * (h + 1) + h, j * (w + 1):j * (w + 1) + w] = img
+  fig, (ax, bx) = plt.subplots(1, 2, figsize=(8, 4.6), gridspec_kw={"width_ratios": [PLOT_PER_CLASS, 4]})
+  ax.imshow(grid, cmap="gray_r", vmin=-1, vmax=1, interpolation="nearest")
+  ax.set_yticks([i * (h + 1) + h / 2 - 0.5 for i in range(len(classes))], [str(int(c)) for c in classes])
+  ax.set_xticks([])
+  ax.set_title("samples of the first seed, by conditioning class", fontsize=9)
+  accs = np.array([[r.get(f"judge_acc/{int(c)}", np.nan) for c in classes] for r in runs])
+  bx.barh(np.arange(len(classes)), np.nanmean(accs, 0), xerr=np.nanstd(accs, 0) if len(runs) > 1 else None,
+          color="C0")
+  bx.set_yticks(np.arange(len(classes)), [str(int(c)) for c in classes])
+  bx.invert_yaxis()
+  bx.set_xlim(0.5, 1.0)
+  bx.set_xlabel("judge accuracy on the class")
+  bx.set_title(f"FD ratio {np.mean([r['fd_ratio'] for r in runs]):.2f} (floor = 1)" if runs else "", fontsize=9)
   fig.tight_layout()
   return [save(fig, out_dir, "jit_digits_samples.png")]
