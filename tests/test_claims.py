@@ -27,3 +27,17 @@ def test_check_pass_fail_interval_and_errors():
   assert not nan["passed"]
   with pytest.raises(ValueError, match="op must be"):
     claims.Claim("f", "bad op", claims.mean("acc"), "==", 1.0)
+
+
+def test_t_bound_is_the_one_sided_student_interval():
+  import numpy as np
+  from scipy import stats
+  v = [1.0, 1.5, 0.7, 1.2]
+  half = stats.t.ppf(0.95, 3) * np.std(v, ddof=1) / 2
+  assert claims.t_bound(v) == pytest.approx(np.mean(v) - half)
+  assert claims.t_bound(v, 0.95, "upper") == pytest.approx(np.mean(v) + half)
+  assert claims.t_bound(v, 0.99, "upper") > claims.t_bound(v, 0.95, "upper")
+  with pytest.raises(ValueError, match="needs >= 2 values"):
+    claims.t_bound([1.0])
+  with pytest.raises(ValueError, match="'lower' or 'upper'"):
+    claims.t_bound(v, side="both")
