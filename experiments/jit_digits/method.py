@@ -179,15 +179,14 @@ def make_sampler(config, graphdef):
   return jax.jit(run)
 
 
-def generate(config, graphdef, params, labels: np.ndarray, key: jax.Array, mesh) -> np.ndarray:
-  """Samples for `labels`, clipped to [-1, 1], in chunks of sample.batch_size sharded over the batch axis."""
-  dc = dit_config(config)
-  shape = dc.stream_shape(STREAM)
+def generate_chunks(config, graphdef, params, labels: np.ndarray, key: jax.Array, mesh):
+  """Yields (start row, samples clipped to [-1, 1]) for `labels` in chunks of sample.batch_size, each sharded
+  over the batch axis; the sampler is compiled once. Chunk i's noise is drawn from fold_in(key, i)."""
+  shape = dit_config(config).stream_shape(STREAM)
   sampler = make_sampler(config, graphdef)
   bsh = mesh_lib.batch_sharding(mesh, mesh_lib.current_rules())
   data = dict(mesh.shape).get("data", 1)
   chunk = -(-int(config.sample.batch_size) // data) * data
-  out = []
   for i, start in enumerate(range(0, len(labels), chunk)):
     y = np.asarray(labels[start:start + chunk], np.int32)
     n = len(y)
@@ -195,8 +194,12 @@ def generate(config, graphdef, params, labels: np.ndarray, key: jax.Array, mesh)
     y = np.concatenate([y, np.zeros(pad - n, np.int32)])
     noise = config.method.noise_scale * jax.random.normal(jax.random.fold_in(key, i), (pad, *shape))
     x = sampler(params, jax.device_put(noise, bsh), jax.device_put(jnp.asarray(y), bsh))
-    out.append(np.asarray(jax.device_get(x))[:n])
-  return np.clip(np.concatenate(out), -1.0, 1.0)
+    yield start, np.clip(np.asarray(jax.device_get(x))[:n], -1.0, 1.0)
+
+
+def generate(config, graphdef, params, labels: np.ndarray, key: jax.Array, mesh) -> np.ndarray:
+  """All samples of `generate_chunks` in one array (small runs; large ones consume the chunks as they come)."""
+  return np.concatenate([x for _, x in generate_chunks(config, graphdef, params, labels, key, mesh)])
 
 
 def scores(judge: MLP, samples: np.ndarray, labels: np.ndarray, train: dict, held: dict) -> dict:

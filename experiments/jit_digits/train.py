@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 from jaxlab import data as data_lib
+from jaxlab import progress
 from jaxlab.data import images
 from jaxlab.evals import frechet
 from jaxlab.nn import dit
@@ -103,9 +104,14 @@ def imagenet_sample_stage(ctx, source) -> dict:
   graphdef, params = _ema_model(_fit(ctx, source, images.to_value_range))
   n, nc = int(config.sample.num), int(config.data.num_classes)
   labels = (np.arange(n) % nc).astype(np.int32)
-  x = method.generate(config, graphdef, params, labels, ctx.key(), ctx.mesh)
+  side = int(config.data.image_size)
+  arr = np.zeros((n, side, side, int(config.model.channels)), np.uint8)   # uint8 as they come (50k x 256^2 x 3)
+  with progress.bar(total=n, desc="sampling") as bar:
+    for start, x in method.generate_chunks(config, graphdef, params, labels, ctx.key(), ctx.mesh):
+      arr[start:start + len(x)] = np.round((x + 1) * 127.5).astype(np.uint8)
+      bar.update(len(x))
   path = os.path.join(ctx.subdir(), "samples.npz")
-  np.savez(path, arr_0=np.round((x + 1) * 127.5).astype(np.uint8), labels=labels)
+  np.savez(path, arr_0=arr, labels=labels)
   out = {"samples_path": path, "num_samples": n}
   if config.eval.sample_features and config.eval.reference_stats:
     out["fid"] = frechet.fid_from_files(config.eval.sample_features, config.eval.reference_stats)
