@@ -7,8 +7,8 @@ scikit-learn's 8x8 digits in [-1, 1], sampled with 20 Heun steps, and scored by 
 on the conditioning class. The core it proves is the one Latent Forcing, SAR and Polyphonia build on.
 
 Variants: tiny (patch 4 on the 8x8 grid: 2x2 tokens + 4 class tokens, width 64, 4 blocks, 1500 steps; CPU,
-about a minute per seed), small (patch 2, width 128, 6 blocks, 6000 steps), full (ImageNet 256 x 256 through
-tfds `imagenet2012` (manual download, `jaxlab.data.images`), JiT-B/16 sizes; accelerators).
+about 2.5-4 minutes per seed on 2 shared cores), small (patch 2, width 128, 6 blocks, 6000 steps), full
+(ImageNet 256 x 256 through tfds `imagenet2012` (manual download, `jaxlab.data.images`), JiT-B/16; accelerators).
 """
 
 import ml_collections

@@ -1,8 +1,9 @@
 """JiT on digits: judge, train, sample (stages of `jaxlab.train.run_stages`, each resumable).
 
 Launch: python -m jaxlab.main --config experiments/jit_digits/config.py:tiny --workdir /tmp/jit_digits
-Expected (tiny, 2 CPU cores, about 1-2 minutes per seed): judge-feature FD ratio about 1 (samples vs held-out
-real images, both against the training images) and judge accuracy about 0.98 on the conditioning class.
+Expected (tiny, 2 CPU cores, 2.5-4 minutes per seed with other jobs on the cores): judge-feature FD ratio about
+1.2 (samples vs held-out real images, both against the training images) and judge accuracy about 0.98 on the
+conditioning class.
 
 Stages:
 * "judge": the judge MLP of the data split (trained once, then read from the cache; `method.load_or_train_judge`);
