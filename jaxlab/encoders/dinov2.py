@@ -130,7 +130,7 @@ def forward(cfg: Dinov2Config, p: dict[str, Any], pixels: jax.Array, *, final_af
   for i in range(cfg.num_hidden_layers):
     pre = f"encoder.layer.{i}."
     y = _ln(x, p[pre + "norm1.weight"], p[pre + "norm1.bias"], eps)
-    q, k, v = (_linear(p, pre + f"attention.{n}_proj", y).reshape(b, -1, heads, hd) for n in "qkv")
+    q, k, v = (_linear(p, pre + f"attention.{name}_proj", y).reshape(b, -1, heads, hd) for name in "qkv")
     s = jnp.einsum("bqhd,bkhd->bhqk", q, k) * hd ** -0.5
     a = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(s, axis=-1), v).reshape(b, -1, d)
     x = x + _linear(p, pre + "attention.o_proj", a) * p[pre + "layer_scale1.lambda1"]
