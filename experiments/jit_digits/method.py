@@ -7,23 +7,18 @@ Everything model-side is the shared core: `jaxlab.nn.dit.DiT` (one stream "image
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import tempfile
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import nnx, traverse_util
+from flax import nnx
 
 from jaxlab import configs
-from jaxlab import mesh as mesh_lib
 from jaxlab.data import synthetic
 from jaxlab.diffusion import flow, guidance
-from jaxlab.errors import ConfigError, DataError
+from jaxlab.diffusion import generate as generate_lib
+from jaxlab.errors import ConfigError
 from jaxlab.evals import frechet
+from jaxlab.evals import judge as judge_lib
 from jaxlab.nn import MLP, dit
 
 STREAM = "image"
@@ -45,80 +40,25 @@ def digits(config) -> tuple[dict, dict]:
 # ---------------------------------------------------------------------------------------------- judge
 
 
-def _judge_model(config, rngs):
-  with nnx.use_eager_sharding(False):    # the judge is small and unsharded, whatever the run's mesh
-    return MLP(64, tuple(config.judge.hidden), config.data.num_classes, rngs=rngs, activation=jax.nn.relu)
-
-
-def judge_features(judge: MLP, x) -> jax.Array:
-  """The judge's last hidden layer (after its ReLU) on images (N, 8, 8, 1): (N, hidden[-1])."""
-  h = jnp.asarray(x, jnp.float32).reshape(len(x), -1)
-  for layer in judge.layers[:-1]:
-    h = jax.nn.relu(layer(h))
-  return h
-
-
-def judge_logits(judge: MLP, x) -> jax.Array:
-  return judge.layers[-1](judge_features(judge, x))
-
-
-def cache_dir(config) -> str:
-  """config.judge.cache_dir, else $JAXLAB_CACHE_DIR, else ~/.cache/jaxlab (then `judges/` inside)."""
-  root = config.judge.cache_dir or os.environ.get("JAXLAB_CACHE_DIR") or os.path.expanduser("~/.cache/jaxlab")
-  return os.path.join(root, "judges")
-
-
-def judge_key(config) -> str:
-  """Digest of everything the judge depends on: the data split and the judge's own settings (not the seed)."""
-  spec = {"data": configs.flatten(config.data), "judge": {k: v for k, v in configs.flatten(config.judge).items()
-                                                          if k != "cache_dir"}, "version": 1}
-  return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def train_judge(config, train: dict) -> MLP:
-  """Minibatch AdamW on softmax cross-entropy; deterministic given the data split (key = split_seed)."""
+def judge_config(config) -> judge_lib.JudgeConfig:
+  """The judge of the data split: an MLP on the 64 pixels, seeded by the split (not the run seed)."""
   j = config.judge
-  model = _judge_model(config, nnx.Rngs(int(config.data.split_seed)))
-  opt = nnx.Optimizer(model, optax.adamw(j.learning_rate, weight_decay=j.weight_decay), wrt=nnx.Param)
-
-  @nnx.jit
-  def step(model, opt, x, y):
-    def loss(m):
-      return optax.softmax_cross_entropy_with_integer_labels(judge_logits(m, x), y).mean()
-    _, g = nnx.value_and_grad(loss)(model)
-    opt.update(model, g)
-
-  rng = np.random.default_rng(int(config.data.split_seed))
-  x, y = jnp.asarray(train["image"]), jnp.asarray(train["label"])
-  for _ in range(int(j.steps)):
-    idx = rng.integers(0, len(y), int(j.batch_size))
-    step(model, opt, x[idx], y[idx])
-  return model
+  return judge_lib.JudgeConfig(in_features=64, num_classes=int(config.data.num_classes), hidden=tuple(j.hidden),
+                               steps=int(j.steps), batch_size=int(j.batch_size), learning_rate=float(j.learning_rate),
+                               weight_decay=float(j.weight_decay), seed=int(config.data.split_seed))
 
 
 def load_or_train_judge(config, train: dict) -> tuple[MLP, bool]:
-  """(judge, loaded from cache). The cache file is written atomically, so an interrupted write leaves none."""
-  path = os.path.join(cache_dir(config), f"digits_judge_{judge_key(config)}.npz")
-  abstract = nnx.eval_shape(lambda: _judge_model(config, nnx.Rngs(0)))
-  graphdef, state = nnx.split(abstract)
-  if os.path.exists(path):
-    want = {"/".join(map(str, k)): k for k in traverse_util.flatten_dict(state.to_pure_dict())}
-    with np.load(path) as f:
-      stored = {k: f[k] for k in f.files}
-    shapes = traverse_util.flatten_dict(jax.tree.map(lambda a: a.shape, state.to_pure_dict()))
-    if set(stored) != set(want) or any(stored[k].shape != shapes[want[k]] for k in want):
-      raise DataError(f"judge cache {path} does not match config.judge (delete it to retrain)")
-    values = traverse_util.unflatten_dict({want[k]: jnp.asarray(v) for k, v in stored.items()})
-    state.replace_by_pure_dict(values)
-    return nnx.merge(graphdef, state), True
-  judge = train_judge(config, train)
-  flat = traverse_util.flatten_dict(nnx.state(judge).to_pure_dict())
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".npz")
-  os.close(fd)
-  np.savez(tmp, **{"/".join(map(str, k)): np.asarray(v) for k, v in flat.items()})
-  os.replace(tmp, path)
-  return judge, False
+  """(judge, loaded from cache): trained once per data split and judge setting, cached in
+  judge.cache_dir / $JAXLAB_CACHE_DIR / ~/.cache/jaxlab (`jaxlab.evals.judge.load_or_train`)."""
+  judge, cached, _ = judge_lib.load_or_train(judge_config(config), train["image"], train["label"],
+                                             name="digits_judge", data_spec=configs.flatten(config.data),
+                                             cache_dir=config.judge.cache_dir)
+  return judge, cached
+
+
+judge_features = judge_lib.features
+judge_logits = judge_lib.logits
 
 
 # ------------------------------------------------------------------------------------------------ DiT
@@ -181,20 +121,14 @@ def make_sampler(config, graphdef):
 
 def generate_chunks(config, graphdef, params, labels: np.ndarray, key: jax.Array, mesh):
   """Yields (start row, samples clipped to [-1, 1]) for `labels` in chunks of sample.batch_size, each sharded
-  over the batch axis; the sampler is compiled once. Chunk i's noise is drawn from fold_in(key, i)."""
+  over the batch axis (`jaxlab.diffusion.generate.chunks`). Chunk i's noise is drawn from fold_in(key, i)."""
   shape = dit_config(config).stream_shape(STREAM)
   sampler = make_sampler(config, graphdef)
-  bsh = mesh_lib.batch_sharding(mesh, mesh_lib.current_rules())
-  data = dict(mesh.shape).get("data", 1)
-  chunk = -(-int(config.sample.batch_size) // data) * data
-  for i, start in enumerate(range(0, len(labels), chunk)):
-    y = np.asarray(labels[start:start + chunk], np.int32)
-    n = len(y)
-    pad = -(-n // data) * data
-    y = np.concatenate([y, np.zeros(pad - n, np.int32)])
-    noise = config.method.noise_scale * jax.random.normal(jax.random.fold_in(key, i), (pad, *shape))
-    x = sampler(params, jax.device_put(noise, bsh), jax.device_put(jnp.asarray(y), bsh))
-    yield start, np.clip(np.asarray(jax.device_get(x))[:n], -1.0, 1.0)
+  scale = config.method.noise_scale
+  for start, x in generate_lib.chunks(lambda noise, y: sampler(params, noise, y),
+                                  lambda k, n: scale * jax.random.normal(k, (n, *shape)), labels, key, mesh,
+                                  int(config.sample.batch_size)):
+    yield start, np.clip(x, -1.0, 1.0)
 
 
 def generate(config, graphdef, params, labels: np.ndarray, key: jax.Array, mesh) -> np.ndarray:

@@ -56,7 +56,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 def judge_stage(ctx, train, held) -> dict:
   judge, cached = method.load_or_train_judge(ctx.config, train)
-  log.info("judge %s (%s)", method.judge_key(ctx.config), "cached" if cached else "trained and cached")
+  log.info("judge: %s", "read from the cache" if cached else "trained and cached")
   f = jax.jit(lambda x: method.judge_features(judge, x))
   pred = np.asarray(jax.numpy.argmax(method.judge_logits(judge, held["image"]), -1))
   return {"judge/held_acc": float(np.mean(pred == held["label"])),

@@ -100,7 +100,7 @@ def joint_times(streams: Sequence[str], num_steps: int, shifts: Mapping[str, flo
   unknown = set(shifts) - set(streams)
   if unknown:
     raise ConfigError(f"joint_times: shifts for unknown streams {sorted(unknown)} (streams: {list(streams)})")
-  return {s: shift(u, float(shifts.get(s, 1.0))) for s in streams}
+  return {s: _unit(shift(u, float(shifts.get(s, 1.0)))) for s in streams}
 
 
 def cascaded_times(order: Sequence[str], steps: Sequence[int], *, final: Mapping[str, float] | None = None,
@@ -122,7 +122,7 @@ def cascaded_times(order: Sequence[str], steps: Sequence[int], *, final: Mapping
   start = 0
   for s, n in zip(order, steps):
     end_t = float(final.get(s, 1.0))
-    seg = shift(np.linspace(0.0, 1.0, n + 1), float(shifts.get(s, 1.0))) * end_t
+    seg = _unit(shift(np.linspace(0.0, 1.0, n + 1), float(shifts.get(s, 1.0)))) * end_t
     out[s][start:start + n + 1] = seg
     out[s][start + n + 1:] = end_t
     start += n
@@ -137,6 +137,29 @@ def offset_times(offsets: Mapping[str, float], num_steps: int) -> dict[str, np.n
     raise ConfigError(f"offset_times: offsets must be >= 0, got {dict(offsets)}")
   u = np.linspace(0.0, 1.0 + max(offsets.values()), num_steps + 1)
   return {s: np.clip(u - o, 0.0, 1.0) for s, o in offsets.items()}
+
+
+def balanced_times(shifts: Mapping[str, float], num_steps: int) -> dict[str, np.ndarray]:
+  """Streams on one clock, each warped by its own shift, with the steps balanced between them (Latent
+  Forcing's multi-schedule sampler, `get_generate_timesteps` of the official code): stream i's time is
+  shift(u, a_i) on a clock u whose points are every k-th of the merged grids on which each of the k streams
+  is uniform (u = shift(y, 1 / a_i) for y on a uniform grid), so every stream gets its share of small steps.
+
+  Two streams with shifts (s, 1 / s) run the first at shift(t, s^2) of the second's time: the relative shift
+  alpha = s^2 of the paper's Table 1 (alpha > 1: the first stream leads).
+  """
+  _check_steps(num_steps)
+  if not shifts or any(a <= 0 for a in shifts.values()):
+    raise ConfigError(f"balanced_times: one shift > 0 per stream, got {dict(shifts)}")
+  y = np.linspace(0.0, 1.0, num_steps + 1)
+  u = np.sort(np.concatenate([shift(y, 1.0 / float(a)) for a in shifts.values()]))[::len(shifts)]
+  u[0], u[-1] = 0.0, 1.0
+  return {s: _unit(shift(u, float(a))) for s, a in shifts.items()}
+
+
+def _unit(t: np.ndarray) -> np.ndarray:
+  """Times clipped into [0, 1] (a shift's rounding can leave the last one a hair above 1)."""
+  return np.clip(t, 0.0, 1.0)
 
 
 def _check_steps(n):
@@ -157,19 +180,27 @@ def euler_step(denoise: Denoiser, z: Streams, t: Streams, t_next: Streams, *, t_
   return {s: z[s] + _bt(t_next[s] - t[s], z[s]) * velocity(x_hat[s], z[s], t[s], t_eps) for s in z}
 
 
-def heun_step(denoise: Denoiser, z: Streams, t: Streams, t_next: Streams, *, t_eps: float = T_EPS) -> dict:
+def heun_step(denoise: Denoiser, z: Streams, t: Streams, t_next: Streams, *, t_eps: float = T_EPS,
+              euler_at_one: bool = False) -> dict:
   """Heun (trapezoidal predictor-corrector): the mean of the velocities at (z, t) and at the Euler
-  prediction (z', t_next)."""
+  prediction (z', t_next). euler_at_one: a stream whose step ends at t = 1 takes the Euler update instead (the
+  reason JiT ends on an Euler step, applied per stream: at t = 1 the clamped velocity of a denoiser that
+  returns its clean input is ~0, so the trapezoid would go only half-way)."""
   x1 = denoise(z, t)
   v1 = {s: velocity(x1[s], z[s], t[s], t_eps) for s in z}
   z_e = {s: z[s] + _bt(t_next[s] - t[s], z[s]) * v1[s] for s in z}
   x2 = denoise(z_e, t_next)
-  return {s: z[s] + _bt(t_next[s] - t[s], z[s]) * 0.5 * (v1[s] + velocity(x2[s], z_e[s], t_next[s], t_eps))
-          for s in z}
+  out = {}
+  for s in z:
+    v = 0.5 * (v1[s] + velocity(x2[s], z_e[s], t_next[s], t_eps))
+    if euler_at_one:
+      v = jnp.where(_bt(t_next[s], z[s]) >= 1.0, v1[s], v)
+    out[s] = z[s] + _bt(t_next[s] - t[s], z[s]) * v
+  return out
 
 
 def sample(denoise: Denoiser, noise: Streams, table: Mapping[str, np.ndarray], *, method: str = "heun",
-           t_eps: float = T_EPS, jit: bool = True) -> dict:
+           t_eps: float = T_EPS, jit: bool = True, scan: bool = False, euler_at_one: bool = False) -> dict:
   """Integrates from `noise` (z at the table's first times) along the time table.
 
   Args:
@@ -182,6 +213,13 @@ def sample(denoise: Denoiser, noise: Streams, table: Mapping[str, np.ndarray], *
       exact x-predictor of a Gaussian, Frechet distance ~1e-3 at 50 steps instead of ~1e-7). A clamp below
       the last step size (e.g. 1e-3; Latent Forcing's code has a separate `t_eps_inference`) removes that
       bias; the last Euler step then lands on the predicted x.
+    euler_at_one: with "heun", a stream's step that ends at t = 1 before the table's last step (the latent's
+      last step in a cascade) is Euler for that stream, as the last step is for every stream (`heun_step`).
+      Off by default: Latent Forcing's official sampler takes the trapezoid there.
+    scan: loop over the steps with `jax.lax.fori_loop` (the denoiser is traced twice, for the Heun steps and
+      the final Euler one, instead of once per step: much faster to compile) reading the times from the table
+      as arrays, which may then be traced values (one compile serves every table of the same length; the
+      checks on the values are skipped for traced tables). Same arithmetic as the unrolled loop.
 
   Returns:
     {stream: (B, ...)} states at the table's last times.
@@ -194,16 +232,33 @@ def sample(denoise: Denoiser, noise: Streams, table: Mapping[str, np.ndarray], *
   if len(lengths) != 1 or lengths.pop() < 2:
     raise ConfigError("flow.sample: every stream's time table needs the same length >= 2")
   for s, v in table.items():
+    if isinstance(v, jax.core.Tracer):
+      continue
     if np.any(np.diff(v) < 0) or v[0] < 0 or v[-1] > 1:
       raise ConfigError(f"flow.sample: stream {s!r}'s times must be non-decreasing within [0, 1]")
   n = len(next(iter(table.values()))) - 1
   batch = next(iter(noise.values())).shape[0]
-  heun = jax.jit(lambda z, t, u: heun_step(denoise, z, t, u, t_eps=t_eps)) if jit else (
-      lambda z, t, u: heun_step(denoise, z, t, u, t_eps=t_eps))
+  def heun(den, z, t, u, *, t_eps):
+    return heun_step(den, z, t, u, t_eps=t_eps, euler_at_one=euler_at_one)
+  if scan:
+    tab = {s: jnp.asarray(v, jnp.float32) for s, v in table.items()}
+
+    def at(i):
+      return {s: jnp.full((batch,), v[i], jnp.float32) for s, v in tab.items()}
+
+    def steps(step_fn, lo, hi, z):
+      return jax.lax.fori_loop(lo, hi, lambda i, z: step_fn(denoise, z, at(i), at(i + 1), t_eps=t_eps), z)
+
+    def run(z):
+      heun_steps = n - 1 if method == "heun" else 0
+      return steps(euler_step, heun_steps, n, steps(heun, 0, heun_steps, z))
+    return (jax.jit(run) if jit else run)(dict(noise))
+  heun_fn = jax.jit(lambda z, t, u: heun(denoise, z, t, u, t_eps=t_eps)) if jit else (
+      lambda z, t, u: heun(denoise, z, t, u, t_eps=t_eps))
   euler = jax.jit(lambda z, t, u: euler_step(denoise, z, t, u, t_eps=t_eps)) if jit else (
       lambda z, t, u: euler_step(denoise, z, t, u, t_eps=t_eps))
   z = dict(noise)
   for i in range(n):
-    step = heun if method == "heun" and i < n - 1 else euler
+    step = heun_fn if method == "heun" and i < n - 1 else euler
     z = step(z, _times(table, i, batch), _times(table, i + 1, batch))
   return z

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxlab.errors import CheckpointError
 
@@ -142,6 +143,43 @@ def forward(cfg: Dinov2Config, p: dict[str, Any], pixels: jax.Array, *, final_af
   return _ln(x, eps=eps)
 
 
+def param_shapes(cfg: Dinov2Config) -> dict[str, tuple[int, ...]]:
+  """{canonical name: shape} of the tensors `forward` reads (HF layout; the mask token is not used)."""
+  d, m, p = cfg.hidden_size, int(cfg.hidden_size * cfg.mlp_ratio), cfg.patch_size
+  n = (cfg.image_size // p) ** 2
+  out = {"embeddings.cls_token": (1, 1, d), "embeddings.register_tokens": (1, cfg.num_register_tokens, d),
+         "embeddings.position_embeddings": (1, 1 + n, d),
+         "embeddings.patch_embeddings.projection.weight": (d, cfg.num_channels, p, p),
+         "embeddings.patch_embeddings.projection.bias": (d,), "layernorm.weight": (d,), "layernorm.bias": (d,)}
+  for i in range(cfg.num_hidden_layers):
+    pre = f"encoder.layer.{i}."
+    for nm in ("norm1", "norm2"):
+      out[pre + nm + ".weight"], out[pre + nm + ".bias"] = (d,), (d,)
+    for nm in ("q_proj", "k_proj", "v_proj", "o_proj"):
+      out[pre + f"attention.{nm}.weight"], out[pre + f"attention.{nm}.bias"] = (d, d), (d,)
+    out[pre + "mlp.fc1.weight"], out[pre + "mlp.fc1.bias"] = (m, d), (m,)
+    out[pre + "mlp.fc2.weight"], out[pre + "mlp.fc2.bias"] = (d, m), (d,)
+    out[pre + "layer_scale1.lambda1"], out[pre + "layer_scale2.lambda1"] = (d,), (d,)
+  return out
+
+
+def preprocess(x: jax.Array, input_size: int) -> jax.Array:
+  """[-1, 1] (B, H, W, 3) -> resized to input_size (bicubic), ImageNet-normalised."""
+  x01 = (jnp.asarray(x, jnp.float32) + 1.0) / 2.0
+  s = int(input_size)
+  if x01.shape[1:3] != (s, s):
+    x01 = jax.image.resize(x01, (x01.shape[0], s, s, x01.shape[-1]), method="bicubic")
+  return (x01 - jnp.asarray(IMAGENET_MEAN)) / jnp.asarray(IMAGENET_STD)
+
+
+def encode_with(cfg: Dinov2Config, params: dict[str, Any], x: jax.Array, input_size: int) -> jax.Array:
+  """The latent grid (B, input_size / patch, input_size / patch, hidden) of images x in [-1, 1]: the patch tokens
+  after the final LayerNorm without affine, CLS and registers dropped."""
+  tokens = forward(cfg, params, preprocess(x, input_size), final_affine=False)
+  g = int(input_size) // cfg.patch_size
+  return tokens[:, 1 + cfg.num_register_tokens:].reshape(tokens.shape[0], g, g, cfg.hidden_size)
+
+
 class Dinov2Encoder:
   """A frozen DINOv2-with-registers latent encoder (see the module docstring): `encode(x) -> (B, gh, gw, hidden)`.
 
@@ -164,13 +202,60 @@ class Dinov2Encoder:
 
   def preprocess(self, x: jax.Array) -> jax.Array:
     """[-1, 1] (B, H, W, 3) -> resized to input_size, ImageNet-normalised."""
-    x01 = (jnp.asarray(x, jnp.float32) + 1.0) / 2.0
-    s = self.input_size
-    if x01.shape[1:3] != (s, s):
-      x01 = jax.image.resize(x01, (x01.shape[0], s, s, x01.shape[-1]), method="bicubic")
-    return (x01 - jnp.asarray(IMAGENET_MEAN)) / jnp.asarray(IMAGENET_STD)
+    return preprocess(x, self.input_size)
 
   def encode(self, x: jax.Array) -> jax.Array:
-    tokens = forward(self.config, self.params, self.preprocess(x), final_affine=False)
-    b = tokens.shape[0]
-    return tokens[:, 1 + self.config.num_register_tokens:].reshape(b, *self.grid, self.config.hidden_size)
+    return encode_with(self.config, self.params, x, self.input_size)
+
+
+def _attr(name: str) -> str:
+  return name.replace(".", "__")
+
+
+class Dinov2Module(nnx.Module):
+  """DINOv2 with its weights held as `nnx.Param`s of a model, for encoding inside a jitted, sharded train step
+  (the frozen latent encoder of a latent-conditioned DiT at full scale). Built with zeros (cheap; nothing is
+  read), filled with `load_arrays` (each device reads its block of each tensor from the memory-mapped
+  safetensors); the optimizer must leave them untouched (e.g. `optax.multi_transform` with `set_to_zero` for
+  this subtree) and the latent taken under `jax.lax.stop_gradient`.
+
+  Args:
+    cfg: the checkpoint's architecture (`Dinov2Config.from_json`).
+    input_size: the side images are resized to.
+  """
+
+  def __init__(self, cfg: Dinov2Config, input_size: int = 224):
+    if int(input_size) % cfg.patch_size:
+      raise CheckpointError(f"input_size={input_size} is not a multiple of the patch size {cfg.patch_size}")
+    self.config, self.input_size = cfg, int(input_size)
+    self.weights = nnx.Dict({_attr(k): nnx.Param(jnp.zeros(s, jnp.float32)) for k, s in param_shapes(cfg).items()})
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    p = {k: self.weights[_attr(k)][...] for k in param_shapes(self.config)}
+    return encode_with(self.config, p, x, self.input_size)
+
+
+def load_arrays(path: str, cfg: Dinov2Config, shardings: Any = None) -> dict[str, jax.Array]:
+  """The pure-dict values of a `Dinov2Module`'s `weights` ({attribute: array}) from a local checkpoint directory,
+  each created with its sharding (default: the default device) by `jax.make_array_from_callback` over the
+  memory-mapped safetensors, so a device reads only its block. The checkpoint's config must match `cfg`."""
+  from jaxlab.lm.hf import TensorSource  # pylint: disable=g-import-not-at-top  (the LM core's safetensors reader)
+  cfg_path = os.path.join(path, "config.json")
+  if not os.path.exists(cfg_path):
+    raise CheckpointError(f"{path} has no config.json: pass a local Hugging Face DINOv2-with-registers checkpoint "
+                          "directory (downloaded beforehand; nothing is downloaded)")
+  found = Dinov2Config.from_json(cfg_path)
+  if found != cfg:
+    raise CheckpointError(f"{path}: its config.json ({found}) is not the model's ({cfg})")
+  src = TensorSource(path)
+  names = {_canonical(n): n for n in src.names()}
+  out = {}
+  for k, shape in param_shapes(cfg).items():
+    if k not in names:
+      raise CheckpointError(f"checkpoint {path} has no tensor '{k}': not a DINOv2-with-registers checkpoint")
+    if tuple(src.shapes[names[k]]) != shape:
+      raise CheckpointError(f"checkpoint {path}: '{k}' has shape {tuple(src.shapes[names[k]])}, expected {shape}")
+    sharding = (shardings or {}).get(_attr(k)) or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    out[_attr(k)] = jax.make_array_from_callback(
+        shape, sharding, lambda idx, n=names[k]: np.asarray(src.read(n, tuple(idx)), np.float32))
+  return out

@@ -161,3 +161,66 @@ def test_fid_from_local_statistics_files(tmp_path):
     frechet.load_stats(str(tmp_path / "bad.npz"))
   with pytest.raises(DataError, match="nothing is downloaded"):
     frechet.load_stats(str(tmp_path / "missing.npz"))
+
+
+def _brute_balanced(shifts, n):
+  """The official sampler's construction spelled out: the grids on which each stream is uniform, merged, every
+  k-th point kept; stream i's time is its shift of that clock."""
+  y = [i / n for i in range(n + 1)]
+  merged = sorted(a * 0 + (yy / a) / (1 + (1 / a - 1) * yy) for a in shifts.values() for yy in y)
+  clock = merged[::len(shifts)]
+  return {s: [a * u / (1 + (a - 1) * u) for u in clock] for s, a in shifts.items()}
+
+
+@pytest.mark.parametrize("alpha", [16.0, 1 / 16, 1.0, 9.0])
+def test_balanced_times_match_the_construction_and_the_relative_shift(alpha):
+  r = alpha ** 0.5
+  t = flow.balanced_times({"latent": r, "pixel": 1 / r}, 20)
+  ref = _brute_balanced({"latent": r, "pixel": 1 / r}, 20)
+  for s in t:
+    np.testing.assert_allclose(t[s], ref[s], atol=1e-12)
+    assert t[s][0] == 0 and t[s][-1] == 1 and np.all(np.diff(t[s]) >= 0) and len(t[s]) == 21
+  np.testing.assert_allclose(flow.shift(t["pixel"], alpha), t["latent"], atol=1e-12)   # relative shift alpha
+  if alpha > 1:
+    assert np.all(t["latent"][1:-1] > t["pixel"][1:-1])                              # the latent leads
+  with pytest.raises(ConfigError, match="one shift > 0"):
+    flow.balanced_times({"a": 0.0}, 4)
+
+
+def test_scanned_sampler_equals_the_unrolled_loop_and_takes_traced_tables():
+  def den(z, t):
+    return {k: jnp.tanh(v) * 0.5 + t[k].reshape(-1, *([1] * (v.ndim - 1))) * 0.1 for k, v in z.items()}
+  ka, kb = jax.random.split(jax.random.key(0))
+  noise = {"a": jax.random.normal(ka, (5, 3)), "b": jax.random.normal(kb, (5, 2, 2))}
+  table = flow.cascaded_times(["a", "b"], [3, 4])
+  for method in ("heun", "euler"):
+    want = flow.sample(den, noise, table, method=method)
+    got = flow.sample(den, noise, table, method=method, scan=True)
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+  other = flow.joint_times(["a", "b"], 7, {"a": 2.0})
+  run = jax.jit(lambda tab: flow.sample(den, noise, tab, jit=False, scan=True))       # one compile, two tables
+  for tab in (table, other):
+    got = run({k: jnp.asarray(v) for k, v in tab.items()})
+    want = flow.sample(den, noise, tab)
+    for k in want:
+      np.testing.assert_allclose(got[k], want[k], rtol=1e-6, atol=1e-6)
+  assert run._cache_size() == 1
+
+
+def test_euler_at_one_lands_a_cascaded_stream_on_its_prediction():
+  # a denoiser whose clean prediction is a constant: the latent's last Heun step in a cascade goes only half-way
+  # (the clamped velocity at t = 1 of z_e = x_hat is 0); with euler_at_one it lands on the prediction
+  def den(z, t):
+    return {"lat": jnp.full_like(z["lat"], 0.5), "pix": jnp.zeros_like(z["pix"]) + z["lat"].mean()}
+  noise = {"lat": jnp.ones((2, 3)), "pix": jnp.zeros((2, 3))}
+  table = flow.cascaded_times(["lat", "pix"], [4, 4])
+  half = flow.sample(den, noise, table)
+  full = flow.sample(den, noise, table, euler_at_one=True, scan=True)
+  np.testing.assert_allclose(full["lat"], 0.5, rtol=1e-6)
+  np.testing.assert_allclose(full["pix"], 0.5, rtol=1e-6)              # decoded from the finished latent
+  assert float(half["lat"][0, 0]) > 0.5 + 1e-3                         # the official trapezoid stops short
+  joint = flow.joint_times(["lat", "pix"], 5)                          # only the last step reaches 1: no change
+  a, b = flow.sample(den, noise, joint), flow.sample(den, noise, joint, euler_at_one=True)
+  for k in a:
+    np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))

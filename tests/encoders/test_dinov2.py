@@ -1,9 +1,6 @@
 """DINOv2-with-registers encoder: a tiny random checkpoint in both tensor-name layouts; parity with transformers'
 Dinov2WithRegistersModel (at the table's grid and at an interpolated one) when torch and transformers exist."""
 
-import json
-import os
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,41 +8,7 @@ import pytest
 from jaxlab.encoders import dinov2
 from jaxlab.errors import CheckpointError
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2, patch_size=4, image_size=32,
-            num_channels=3, num_register_tokens=4, layer_norm_eps=1e-6, hidden_act="gelu", layerscale_value=0.5)
-
-
-def _hub_names(cfg) -> dict[str, tuple]:
-  """The released checkpoints' tensor names (transformers 4.x layout) and shapes of a config."""
-  d, m, p = cfg["hidden_size"], int(cfg["hidden_size"] * cfg["mlp_ratio"]), cfg["patch_size"]
-  n = (cfg["image_size"] // p) ** 2
-  out = {"embeddings.cls_token": (1, 1, d), "embeddings.mask_token": (1, d),
-         "embeddings.register_tokens": (1, cfg["num_register_tokens"], d),
-         "embeddings.position_embeddings": (1, 1 + n, d),
-         "embeddings.patch_embeddings.projection.weight": (d, 3, p, p),
-         "embeddings.patch_embeddings.projection.bias": (d,), "layernorm.weight": (d,), "layernorm.bias": (d,)}
-  for i in range(cfg["num_hidden_layers"]):
-    pre = f"encoder.layer.{i}."
-    for nm in ("norm1", "norm2"):
-      out[pre + nm + ".weight"], out[pre + nm + ".bias"] = (d,), (d,)
-    for nm in ("attention.attention.query", "attention.attention.key", "attention.attention.value",
-               "attention.output.dense"):
-      out[pre + nm + ".weight"], out[pre + nm + ".bias"] = (d, d), (d,)
-    out[pre + "mlp.fc1.weight"], out[pre + "mlp.fc1.bias"] = (m, d), (m,)
-    out[pre + "mlp.fc2.weight"], out[pre + "mlp.fc2.bias"] = (d, m), (d,)
-    out[pre + "layer_scale1.lambda1"], out[pre + "layer_scale2.lambda1"] = (d,), (d,)
-  return out
-
-
-def _write_random(path, cfg=TINY, seed=0):
-  from safetensors.numpy import save_file
-  rng = np.random.default_rng(seed)
-  os.makedirs(path, exist_ok=True)
-  tensors = {k: (0.2 * rng.standard_normal(s)).astype(np.float32) for k, s in _hub_names(cfg).items()}
-  save_file(tensors, os.path.join(path, "model.safetensors"))
-  with open(os.path.join(path, "config.json"), "w") as f:
-    json.dump(dict(cfg, model_type="dinov2_with_registers"), f)
-  return tensors
+from fixtures.tiny_dinov2 import TINY, _write_random
 
 
 def test_encoder_from_a_hub_layout_checkpoint(tmp_path):
@@ -93,3 +56,26 @@ def test_matches_transformers(tmp_path):
       got = np.asarray(dinov2.forward(c, {k: jnp.asarray(v) for k, v in p.items()},
                                       jnp.asarray(x.transpose(0, 2, 3, 1))))
       np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-4, err_msg=f"{sub} at {size}")
+
+
+def test_module_inside_a_model_equals_the_encoder_and_loads_sharded(tmp_path):
+  import jax
+  from flax import nnx
+  from jaxlab import mesh as mesh_lib
+  _write_random(tmp_path)
+  enc = dinov2.Dinov2Encoder(str(tmp_path), input_size=32)
+  cfg = enc.config
+  module = dinov2.Dinov2Module(cfg, input_size=32)
+  assert all(np.all(np.asarray(v) == 0) for v in jax.tree.leaves(nnx.state(module)))   # built empty: nothing read
+  mesh = mesh_lib.make_mesh((("data", 4), ("model", 2)))
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  weights = dinov2.load_arrays(str(tmp_path), cfg, {k: rep for k in nnx.state(module.weights).to_pure_dict()})
+  assert all(w.sharding == rep for w in weights.values())
+  nnx.update(module.weights, nnx.State(weights))
+  x = jnp.asarray(np.random.default_rng(2).uniform(-1, 1, (3, 24, 24, 3)), jnp.float32)
+  np.testing.assert_allclose(np.asarray(nnx.jit(lambda m, v: m(v))(module, x)), np.asarray(enc.encode(x)),
+                             rtol=1e-5, atol=1e-5)
+  other = dict(TINY, hidden_size=16)
+  _write_random(tmp_path / "other", other)
+  with pytest.raises(CheckpointError, match="is not the model's"):
+    dinov2.load_arrays(str(tmp_path / "other"), cfg)

@@ -21,7 +21,7 @@ def test_pixel_downsample_matches_a_loop():
     for i in range(4):
       for j in range(4):
         patch = pooled[b, 2 * i:2 * i + 2, 2 * j:2 * j + 2]     # (2, 2, 3), row-major then channels
-        np.testing.assert_allclose(z[b, i, j], patch.reshape(-1), rtol=1e-6)
+        np.testing.assert_allclose(z[b, i, j], patch.reshape(-1), rtol=1e-6, atol=1e-6)   # float32 means
   with pytest.raises(ConfigError, match="must divide"):
     encoders.PixelDownsample(factor=3, grid=(4, 4)).encode(jnp.asarray(x))
 
@@ -66,3 +66,22 @@ def test_precomputed_latents_by_row(tmp_path):
   np.savez(tmp_path / "bad.npz", x=z)
   with pytest.raises(DataError, match="expected 'latents'"):
     encoders.PrecomputedLatents(str(tmp_path / "bad.npz"))
+
+
+def test_semantic_encoder_pooled_and_layernorm_latents():
+  tr = synthetic.digits("train", value_range=(-1, 1))
+  kw = dict(channels=8, steps=30, seed=1)
+  relu, _ = encoders.train_semantic_encoder(tr["image"], tr["label"], **kw)
+  pooled, _ = encoders.train_semantic_encoder(tr["image"], tr["label"], pool=2, **kw)
+  ln, _ = encoders.train_semantic_encoder(tr["image"], tr["label"], pool=4, latent="layernorm", **kw)
+  x = jnp.asarray(tr["image"][:16])
+  z = np.asarray(relu.encode(x))
+  zp = np.asarray(pooled.encode(x))                       # same weights (same seed and data): the 2 x 2 means
+  assert zp.shape == (16, 2, 2, 8)
+  np.testing.assert_allclose(zp, z.reshape(16, 2, 2, 2, 2, 8).mean(axis=(2, 4)), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(pooled(x)), np.asarray(relu(x)), rtol=1e-5, atol=1e-6)  # same classifier
+  h = np.asarray(ln.features(x)).mean(axis=(1, 2), keepdims=True)                    # pre-ReLU, pooled to 1 x 1
+  want = (h - h.mean(-1, keepdims=True)) / np.sqrt(h.var(-1, keepdims=True) + 1e-6)
+  np.testing.assert_allclose(np.asarray(ln.encode(x)), want, rtol=1e-4, atol=1e-5)
+  with pytest.raises(DataError, match="latent='gelu'"):
+    encoders.TinySemanticEncoder(1, 4, 10, latent="gelu", rngs=__import__("flax").nnx.Rngs(0))

@@ -53,12 +53,15 @@ def test_judge_cache_is_keyed_and_checked(tmp_path):
   assert (cached_a, cached_b) == (False, True)
   x = train["image"][:16]
   np.testing.assert_array_equal(np.asarray(method.judge_features(a, x)), np.asarray(method.judge_features(b, x)))
+  folder = tmp_path / "cache" / "judges"
+  files = sorted(os.listdir(folder))
+  method.load_or_train_judge(exp.get_config("tiny", short(tmp_path, seed=5)), train)     # not keyed by the seed
+  assert sorted(os.listdir(folder)) == files
   other = exp.get_config("tiny", short(tmp_path, **{"data.split_seed": 1}))
-  assert method.judge_key(other) != method.judge_key(c)
-  assert method.judge_key(exp.get_config("tiny", short(tmp_path, seed=5))) == method.judge_key(c)  # not the seed
-  path = os.path.join(method.cache_dir(c), f"digits_judge_{method.judge_key(c)}.npz")
-  np.savez(path, junk=np.zeros(3))
-  with pytest.raises(DataError, match="does not match config.judge"):
+  method.load_or_train_judge(other, method.digits(other)[0])                            # keyed by the split
+  assert len(os.listdir(folder)) == 2
+  np.savez(folder / files[0], junk=np.zeros(3))
+  with pytest.raises(DataError, match="does not match the current settings"):
     method.load_or_train_judge(c, train)
 
 
