@@ -8,6 +8,9 @@ if "xla_force_host_platform_device_count" not in _flags:
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXLAB_PROGRESS"] = "0"
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,3 +57,32 @@ def _release_compiled_code(request):
   if log:
     with open(log, "a") as f:
       f.write(f"{request.module.__name__} {before} {_mapping_count()}\n")
+
+
+_COMPILE_CACHE = []
+
+
+def pytest_configure(config):
+  """A persistent compilation cache for this test session (a fresh temporary folder, removed at the end).
+
+  Experiment tests run the same programs several times (end to end, then resumed, interrupted, sharded), each
+  time through fresh closures that jax's in-memory cache cannot match; the on-disk cache is keyed by the
+  compiled program itself, so the reruns load the executable instead of compiling it (about a quarter of an
+  experiment file's time). Only this process uses it: subprocesses started by tests compile as users do.
+  `JAXLAB_TEST_COMPILE_CACHE=0` turns it off.
+  """
+  del config
+  if os.environ.get("JAXLAB_TEST_COMPILE_CACHE", "1") == "0":
+    return
+  import jax
+  folder = tempfile.mkdtemp(prefix="jaxlab_test_xla_cache_")
+  _COMPILE_CACHE.append(folder)
+  jax.config.update("jax_compilation_cache_dir", folder)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+  del config
+  for folder in _COMPILE_CACHE:
+    shutil.rmtree(folder, ignore_errors=True)

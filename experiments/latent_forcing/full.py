@@ -37,6 +37,7 @@ from jaxlab.nn import dit
 from jaxlab.train import fit, optim, run_stages
 from jaxlab.train import stages as stages_lib
 
+from . import config as lf_config
 from . import method
 
 log = logging.getLogger("jaxlab")
@@ -87,6 +88,7 @@ class ImagesWithLatents:
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
+  lf_config.require_latent_source(config)
   source = images.ImageNetSource("train", image_size=config.data.image_size, data_dir=config.data.data_dir or None)
   stages = {}
   kinds = {method.arm_spec(a)[1] for a in config.method.arms}

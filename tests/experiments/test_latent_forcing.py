@@ -144,8 +144,11 @@ def test_bad_config_is_a_clear_error():
       exp.get_config("tiny", over)
     with pytest.raises(ConfigError, match=match):
       configs.apply_overrides(exp.get_config("tiny"), over)
+  full = exp.get_config("full")   # the shipped full config validates; the run itself asks for the path
   with pytest.raises(ConfigError, match="needs config.latent.dinov2.path"):
-    exp.get_config("full")
+    exp.config_module.require_latent_source(full)
+  with pytest.raises(ConfigError, match="needs config.latent.dinov2.path"):
+    exp.train_module.train_and_evaluate(full, "/nonexistent/workdir")
 
 
 def test_variants_and_sweep_validate(tmp_path):
