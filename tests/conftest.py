@@ -62,8 +62,25 @@ def _release_compiled_code(request):
 _COMPILE_CACHE = []
 
 
+def _fast_compiles(config) -> None:
+  """The default run (`-m "not slow"`) compiles with LLVM optimisation level 0.
+
+  Compiling, not running, dominates the default tests (small shapes, a few steps each); level 0 takes about a
+  third off an experiment's end-to-end test. Claim runs (`-m slow`, and `python -m jaxlab.reproduce`, which
+  does not go through pytest) keep XLA's default level, so measured claims never depend on this. It is set
+  here, before any test starts a backend (XLA reads the flags then), and inherited by the subprocesses tests
+  start. `JAXLAB_TEST_FAST_COMPILE=0`, or an explicit level in XLA_FLAGS, leaves XLA's default.
+  """
+  flags = os.environ.get("XLA_FLAGS", "")
+  if (config.getoption("markexpr", "") != "not slow" or os.environ.get("JAXLAB_TEST_FAST_COMPILE", "1") == "0"
+      or "xla_backend_optimization_level" in flags):
+    return
+  os.environ["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0").strip()
+
+
 def pytest_configure(config):
-  """A persistent compilation cache for this test session (a fresh temporary folder, removed at the end).
+  """Fast compiles for the default run (`_fast_compiles`), and a persistent compilation cache for this test
+  session (a fresh temporary folder, removed at the end).
 
   Experiment tests run the same programs several times (end to end, then resumed, interrupted, sharded), each
   time through fresh closures that jax's in-memory cache cannot match; the on-disk cache is keyed by the
@@ -71,7 +88,7 @@ def pytest_configure(config):
   experiment file's time). Only this process uses it: subprocesses started by tests compile as users do.
   `JAXLAB_TEST_COMPILE_CACHE=0` turns it off.
   """
-  del config
+  _fast_compiles(config)
   if os.environ.get("JAXLAB_TEST_COMPILE_CACHE", "1") == "0":
     return
   import jax

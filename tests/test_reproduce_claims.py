@@ -11,6 +11,8 @@ NOT_REPRODUCED = {
     "df_mamba": "zero-shot length transfer (claim longer_helps) fails; see its README",
     "focus_dilution": ("the cycle claim (>= 10 of 12 fresh chains with the whole cycle, trained W_V) fails: 3/12; "
                        "S1 and control pass (5/6); see its README"),
+    "latent_forcing": ("the cascade's FD is not <= 0.85x pixel-only's at 8x8 (1.30x; claims lf_vs_pixel and "
+                       "lf_every_seed fail, 3/5 pass); see its README"),
 }
 
 

@@ -41,6 +41,7 @@ def test_sigterm_inside_and_between_stages_resumes_identically(tmp_path):
   check_sigterm_resume("curvzo", tmp_path, {**SHORT, "exact.enabled": False}, inside=1)
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_equals_single_device(tmp_path):
   # keys, lr-grid runs and repeats are spread over the "data" axis; per-key / per-run arithmetic is unchanged.
   check_sharded_equals_single("curvzo", tmp_path, {**SHORT, "exact.enabled": False, "variance.enabled": False},

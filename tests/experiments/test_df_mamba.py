@@ -42,10 +42,12 @@ def test_resume(tmp_path):
   assert list(exp.train_module.load_models(exp.get_config("tiny", ONE), str(tmp_path))) == ["fractal"]
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_equals_single_device(tmp_path):
   check_sharded_equals_single("df_mamba", tmp_path, ONE, rtol=1e-4)
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_digits_zero_shot_resolution_smoke(tmp_path):
   s = check_end_to_end("df_mamba", tmp_path, {
       "data.name": "digits", "model.min_len": 32, "model.d_model": 8, "model.d_state": 4, "train.batch_size": 8,
@@ -53,12 +55,14 @@ def test_digits_zero_shot_resolution_smoke(tmp_path):
   assert 0.0 <= s["acc8/fractal"] <= 1.0 and 0.0 <= s["acc16/fractal"] <= 1.0
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_real_series_smoke(tmp_path):
   pytest.importorskip("statsmodels")
   s = check_end_to_end("df_mamba", tmp_path, {**ONE, "data.name": "co2"})
   assert np.isfinite(s["mse64/fractal"]) and s["test_windows"] > 0
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_csv_task(tmp_path):
   rng = np.random.default_rng(0)
   rows = ["date,a,b"] + [f"t{i},{np.sin(i / 5) + rng.normal() * 0.1:.4f},{rng.normal():.4f}" for i in range(700)]

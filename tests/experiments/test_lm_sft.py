@@ -23,6 +23,7 @@ def test_resume(tmp_path):
   check_resume("lm_sft", tmp_path, SHORT)
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_equals_single_device(tmp_path):
   check_sharded_equals_single("lm_sft", tmp_path, {**SHORT, "train.num_steps": 10})
 

@@ -67,6 +67,7 @@ def test_sigterm_inside_and_between_stages(tmp_path, reference):
   check_sigterm_resume("rlvr_arith", tmp_path, ALL_ARMS, inside=1, reference=reference[1])
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sft_early_stop_and_sigterm_inside_grpo(tmp_path, monkeypatch):
   """SFT stops early at its 2nd dev check. A second run, stopped by SIGTERM at GRPO step 2 (the sub-run
   checkpoints step 2) and with the run's own checkpoints dropped, reruns the sft stage (which reloads the
@@ -107,6 +108,7 @@ def test_sft_early_stop_and_sigterm_inside_grpo(tmp_path, monkeypatch):
   assert [r["step"] for r in metrics.read_metrics(str(wd / "stages" / "grpo"))] == [1, 2, 3]
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_equals_single_device(tmp_path):
   check_sharded_equals_single("rlvr_arith", tmp_path, {**SHORT, "method.arms": ("grpo",), "train.num_steps": 2},
                               rtol=1e-4)

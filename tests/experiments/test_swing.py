@@ -36,6 +36,7 @@ def test_sigterm_inside_a_stage_resumes(tmp_path):
   check_sigterm_resume("swing", tmp_path, SHORT, inside=1)
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_equals_single_device(tmp_path):
   # SWING's walkers are split over the data axis; its randomness depends on walker ids only.
   check_sharded_equals_single("swing", tmp_path, {**SHORT, "method.baselines": False}, rtol=1e-4)

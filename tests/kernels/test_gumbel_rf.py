@@ -19,9 +19,12 @@ def setup_case(n, d, m, walkers, seed=0):
   return x, t, cur, load, wid
 
 
-@pytest.mark.parametrize("impl", ["xla", "interpret"])
-@pytest.mark.parametrize("n,d,m,walkers,kind", [(300, 3, 64, 500, "rbf"), (97, 5, 20, 130, "eps"),
-                                                (64, 2, 16, 64, "smooth_step")], ids=str)
+_STEP_CASES = [(300, 3, 64, 500, "rbf"), (97, 5, 20, 130, "eps"), (64, 2, 16, 64, "smooth_step")]
+
+
+@pytest.mark.parametrize("impl,n,d,m,walkers,kind", [
+    pytest.param(impl, *case, marks=[pytest.mark.slow] if impl == "xla" and case[-1] != "smooth_step" else [])
+    for impl in ("xla", "interpret") for case in _STEP_CASES], ids=str)   # the slow ones: ~15 s compiles each
 def test_step_matches_reference_bit_for_bit(impl, n, d, m, walkers, kind):
   x, t, cur, load, wid = setup_case(n, d, m, walkers)
   kw = dict(kind=kind, bandwidth=0.7, eps=0.9, sharpness=0.1, scale=0.2, lam=0.8, p_halt=0.5)

@@ -141,6 +141,10 @@ class TestInterpretTpu(SelectiveScanContract):
   IMPL = "interpret_tpu"
   BLOCKS = BlockSizes(chunk=32, sub_chunk=8)
 
+  @pytest.mark.slow   # about a minute in the TPU interpreter; TestInterpret checks the same contract by default
+  def test_mesh_context_equals_unsharded(self):
+    super().test_mesh_context_equals_unsharded()
+
 
 # ------------------------------------------------------------------ independent checks of the reference
 

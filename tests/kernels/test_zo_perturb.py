@@ -89,7 +89,8 @@ def test_the_two_box_muller_words_are_uniform_in_2d():
   assert abs(chi2 - dof) < 3 * math.sqrt(2 * dof), (chi2, dof)
 
 
-@pytest.mark.parametrize("shape", [(257, 129), (1000,), (33, 7, 5), (3, 1)])
+@pytest.mark.parametrize("shape", [pytest.param((257, 129), marks=pytest.mark.slow),   # ~12 s each: compiles
+                                   pytest.param((1000,), marks=pytest.mark.slow), (33, 7, 5), (3, 1)], ids=str)
 def test_eager_jitted_and_interpreted_give_identical_bits(shape):
   """Also the perturbed parameters, not only z, and on shapes that are not block multiples: every product is
   rounded before its addition, so a fused multiply-add (XLA fuses them within a loop) changes nothing."""

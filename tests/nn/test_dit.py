@@ -184,6 +184,7 @@ def test_patchify_round_trip_and_config_errors():
   assert 0.07 < float(jnp.mean(y2 == 10)) < 0.13
 
 
+@pytest.mark.slow   # compiles a full DiT for XLA's cost analysis (~20-45 s): runs with pytest -m slow
 def test_flops_per_image_matches_xla_cost_analysis():
   # XLA counts every matmul of the unrolled forward (scan bodies would be counted once); the formula leaves out
   # elementwise work and the small embedders, so it sits a few percent under XLA's total

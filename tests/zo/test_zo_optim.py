@@ -122,6 +122,7 @@ def test_ht_estimator_is_unbiased_with_the_closed_form_variance():
   assert t_plain > 8 * d                                          # ht=False is biased towards pi * g
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_parameters_give_the_same_step():
   mesh = jax.make_mesh((4, 2), ("data", "model"))
   params, batch, loss = _problem((16, 8))
