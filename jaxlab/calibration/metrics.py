@@ -17,6 +17,7 @@ n = 20,000 with 15 bins); `calibrated_floor` measures it by simulation for a giv
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -115,6 +116,13 @@ def mmce(conf, correct, weights=None, bandwidth: float = 0.4) -> jax.Array:
 # ------------------------------------------------------------------------------ uncertainty of the estimate
 
 
+@functools.partial(jax.jit, static_argnames=("n_bins", "chunk"))
+def _bootstrap_draws(key, conf, correct, w, n_bins: int, chunk: int) -> jax.Array:
+  """ECEs of `chunk` resamples of the rows (one compiled program per shape, reused across calls)."""
+  idx = jax.random.randint(key, (chunk, conf.shape[0]), 0, conf.shape[0])
+  return jax.vmap(lambda i: ece(conf[i], correct[i], w[i], n_bins))(idx)
+
+
 def bootstrap_ece(key, conf, correct, weights=None, n_bins: int = 15, n_boot: int = 1000, level: float = 0.95,
                   chunk: int = 50) -> tuple[float, float, float]:
   """(ECE, lower, upper): percentile bootstrap interval over resampled rows (with their weights).
@@ -123,30 +131,25 @@ def bootstrap_ece(key, conf, correct, weights=None, n_bins: int = 15, n_boot: in
   conf = jnp.asarray(conf, jnp.float32)
   correct = jnp.asarray(correct, jnp.float32)
   w = jnp.ones_like(conf) if weights is None else jnp.asarray(weights, jnp.float32)
-  n = conf.shape[0]
-
-  @jax.jit
-  def draw(k):
-    idx = jax.random.randint(k, (chunk, n), 0, n)
-    return jax.vmap(lambda i: ece(conf[i], correct[i], w[i], n_bins))(idx)
-
   keys = jax.random.split(key, -(-n_boot // chunk))
-  values = jnp.concatenate([draw(k) for k in keys])[:n_boot]
+  values = jnp.concatenate([_bootstrap_draws(k, conf, correct, w, n_bins, chunk) for k in keys])[:n_boot]
   alpha = (1.0 - level) / 2
   lo, hi = jnp.quantile(values, jnp.array([alpha, 1.0 - alpha]))
   return float(ece(conf, correct, w, n_bins)), float(lo), float(hi)
+
+
+@functools.partial(jax.jit, static_argnames=("n_bins", "n_sims"))
+def _floor_draws(key, conf, weights, n_bins: int, n_sims: int) -> jax.Array:
+  return jax.lax.map(lambda k: ece(conf, jax.random.bernoulli(k, conf).astype(jnp.float32), weights, n_bins),
+                     jax.random.split(key, n_sims))
 
 
 def calibrated_floor(key, conf, n_bins: int = 15, n_sims: int = 200, weights=None) -> tuple[float, float]:
   """(mean, sd) of the ECE of a perfectly calibrated model with these confidences: outcomes drawn as
   Bernoulli(conf), `n_sims` times. The estimator's noise floor at this sample size."""
   conf = jnp.asarray(conf, jnp.float32)
-
-  @jax.jit
-  def one(k):
-    return ece(conf, jax.random.bernoulli(k, conf).astype(jnp.float32), weights, n_bins)
-
-  vals = jax.lax.map(one, jax.random.split(key, n_sims))
+  w = jnp.ones_like(conf) if weights is None else jnp.asarray(weights, jnp.float32)
+  vals = _floor_draws(key, conf, w, n_bins, n_sims)
   return float(jnp.mean(vals)), float(jnp.std(vals))
 
 
