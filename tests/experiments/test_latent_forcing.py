@@ -59,6 +59,7 @@ def _setup(tmp_path, arm, **extra):
   return exp, m, c, train, z, cfg
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_pixel_only_ignores_the_latent_and_the_cascade_trains_both_streams(tmp_path):
   from jaxlab.nn import dit
   from flax import nnx

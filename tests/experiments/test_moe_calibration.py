@@ -32,7 +32,8 @@ def test_tiny_end_to_end(tmp_path):
 
 
 def test_resume(tmp_path):
-  check_resume("moe_calibration", tmp_path, SHORT)
+  check_resume("moe_calibration", tmp_path, {**SHORT, "data.train_size": 5_000, "data.val_size": 2_000,
+                                              "data.test_size": 5_000})
 
 
 def test_world_regions_labels_and_shifts():

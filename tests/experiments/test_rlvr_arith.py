@@ -63,6 +63,7 @@ def test_end_to_end_every_arm_and_resume(reference):
   assert os.path.exists(wd / "stages" / "rft" / "rft_stats.json")
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sigterm_inside_and_between_stages(tmp_path, reference):
   check_sigterm_resume("rlvr_arith", tmp_path, ALL_ARMS, inside=1, reference=reference[1])
 

@@ -38,6 +38,7 @@ def checkpoint(tmp_path_factory):
   return str(path), largest, total
 
 
+@pytest.mark.slow   # heavy (tens of seconds): runs with pytest -m slow, not in the default run
 def test_sharded_load_reads_blocks_and_matches_the_unsharded_model(checkpoint):
   path, largest, total = checkpoint
   mesh = mesh_lib.make_mesh((("data", 2), ("model", 4)))

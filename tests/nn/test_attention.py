@@ -159,7 +159,8 @@ def test_cudnn_equals_reference_on_gpu():
   assert float(jnp.abs(A.attention(q, k, v, impl="cudnn").astype(jnp.float32) - ref).max()) < 0.05
 
 
-@pytest.mark.parametrize("impl", ["chunked", "splash", "flash_gpu"])
+@pytest.mark.parametrize("impl", [pytest.param("chunked", marks=pytest.mark.slow),   # ~20 s; chunked has its own tests
+                                  "splash", "flash_gpu"])
 def test_transformer_logits_and_gradients_with_each_impl(impl):
   """The model with a fused impl equals the reference model on a packed batch (Llama, GQA)."""
   cfg = TransformerConfig(vocab_size=61, hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=96,
