@@ -102,7 +102,8 @@ def plot(runs, workdirs, out_dir):
           ax.set_xlabel("confidence")
         if j == 0:
           ax.set_ylabel("accuracy")
-    fig.suptitle(f"reliability diagrams (seed {runs[0].get('seed', '')}; 15 bins; red: accuracy - confidence)")
+    fig.suptitle(f"reliability diagrams ({os.path.basename(os.path.normpath(workdirs[0]))}; 15 bins; red: accuracy - "
+                 "confidence)")
     paths.append(save(fig, out_dir, "reliability_tiny.png"))
   fig, ax = plt.subplots(figsize=(6.5, 4))
   x = np.arange(len(shifts_))
