@@ -153,9 +153,9 @@ def theory_probs(world: World, arms: TheoryArms, x) -> dict[str, np.ndarray]:
   return {"hard": hard, "soft": soft, "soft_global_ts": glob, "oracle": np.stack([1 - p1, p1], axis=1)}
 
 
-def calibration_summary(key, probs, labels, n_bins: int, n_boot: int) -> dict[str, float]:
-  """ECE (top-label, n_bins equal-width bins) with its bootstrap 95% interval, and accuracy."""
-  conf, correct = metrics.top_label(probs, labels)
+def calibration_summary(key, probs, labels, conf, correct, n_bins: int, n_boot: int) -> dict[str, float]:
+  """ECE (top-label confidences `conf` against `correct`, n_bins equal-width bins) with its bootstrap 95% interval,
+  and accuracy."""
   value, lo, hi = metrics.bootstrap_ece(key, conf, correct, n_bins=n_bins, n_boot=n_boot)
   return {"ece": value, "ece_lo": lo, "ece_hi": hi, "acc": float(metrics.accuracy(probs, labels))}
 
@@ -167,8 +167,8 @@ def evaluate_theory(world: World, arms: TheoryArms, tests: dict, key, n_bins: in
   for s, data in tests.items():
     for a, p in theory_probs(world, arms, data["x"]).items():
       key, sub = jax.random.split(key)
-      for stat, v in calibration_summary(sub, p, data["y"], n_bins, n_boot).items():
-        out[f"{a}/{s}/{stat}"] = v
       conf, correct = metrics.top_label(p, data["y"])
+      for stat, v in calibration_summary(sub, p, data["y"], conf, correct, n_bins, n_boot).items():
+        out[f"{a}/{s}/{stat}"] = v
       rel[f"{a}/{s}"] = {k: np.asarray(v) for k, v in metrics.reliability(conf, correct, n_bins=n_bins).items()}
   return out, rel

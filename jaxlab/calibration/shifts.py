@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Callable
 
 import numpy as np
+from scipy import special
 
 from jaxlab.errors import ConfigError
 
@@ -29,8 +30,7 @@ def routing_entropy(gates) -> np.ndarray:
   g = np.asarray(gates, np.float64)
   if g.ndim != 2 or g.shape[1] < 2:
     raise ConfigError(f"routing_entropy needs gates of shape (N, K) with K >= 2; got {g.shape}")
-  h = -np.sum(np.where(g > 0, g * np.log(np.where(g > 0, g, 1.0)), 0.0), axis=1)
-  return h / np.log(g.shape[1])
+  return np.sum(special.entr(g), axis=1) / np.log(g.shape[1])
 
 
 def boundary_weights(gates) -> np.ndarray:
