@@ -15,6 +15,7 @@ import os
 import shlex
 import signal
 import sys
+import warnings
 from typing import Callable, Sequence
 
 from jaxlab.errors import ConfigError, Interrupted, JaxlabError, Preempted
@@ -78,6 +79,9 @@ def main_wrapper(fn: Callable[[list[str]], int], resume: Callable[[list[str]], l
     code = fn(argv)
   except JaxlabError as e:
     print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
+    # Reads that a failed checkpoint restore abandoned before they started report themselves as "coroutine ...
+    # was never awaited" when the interpreter exits; the line above is the whole story.
+    warnings.filterwarnings("ignore", message=r"coroutine .* was never awaited", category=RuntimeWarning)
     sys.exit(2)
   except KeyboardInterrupt as e:
     print(interrupt_message(e, _command(resume(argv) if resume else argv)), file=sys.stderr, flush=True)

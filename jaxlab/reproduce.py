@@ -10,7 +10,8 @@ For each paper it writes `OUT/<paper>/results.json` ({"paper", "variant", "seeds
 "text", "measured", "target", "passed"}], "runs": [summaries], "wall_s"}), per-seed run directories
 `OUT/<paper>/<variant>/seed_<s>/`, and plots (training curves, plus the experiment's own `plot`). It prints
 a table (paper, claim, measured, target, PASS/FAIL, wall time) and exits 0 only when every claim passed.
-Runs start fresh unless `--resume` is given (then finished seeds are reused and unfinished ones resumed).
+Runs start fresh unless `--resume` is given (then finished seeds are reused and unfinished ones resumed, and the
+wall time reported is the runs' own, summed over their sessions).
 A run of the claims as declared (tiny variant, the paper's SEEDS, no overrides) also writes the paper's
 ledger `experiments/<paper>/claims.json` (see `jaxlab.ledger`): what the README's results table shows.
 """
@@ -57,6 +58,8 @@ def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results
   results = {
       "paper": exp.name, "variant": variant, "seeds": seeds,
       "claims": [c.check(runs) for c in exp.claims], "runs": runs, "wall_s": time.time() - t0}
+  if resume:   # reused seeds cost nothing now: report what the runs took (each summed over its sessions)
+    results["wall_s"] = max(results["wall_s"], sum(float(r.get("wall_s", 0.0)) for r in runs))
   plots = []
   if jax.process_index() == 0:
     labels = [f"seed {s}" for s in seeds]

@@ -13,6 +13,8 @@ NOT_REPRODUCED = {
                        "S1 and control pass (5/6); see its README"),
     "latent_forcing": ("the cascade's FD is not <= 0.85x pixel-only's at 8x8 (1.30x; claims lf_vs_pixel and "
                        "lf_every_seed fail, 3/5 pass); see its README"),
+    "moe_calibration": ("claim 3's robust_cut fails: Robust MoE's worst-shift ECE is 1.36x MoCaE's, not <= 0.7x "
+                        "(7/8 pass); see its README"),
 }
 
 

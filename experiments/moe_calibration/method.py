@@ -106,7 +106,7 @@ def draw_shift(world: World, rng: np.random.Generator, name: str, n: int, region
 
 def _logreg(x, y, weights=None) -> LogisticRegression:
   """An unpenalised logistic regression (the well-specified expert of a region)."""
-  return LogisticRegression(penalty=None, tol=1e-6, max_iter=1000).fit(x, y, sample_weight=weights)
+  return LogisticRegression(C=np.inf, tol=1e-6, max_iter=1000).fit(x, y, sample_weight=weights)
 
 
 def _logits(model: LogisticRegression, x) -> np.ndarray:
