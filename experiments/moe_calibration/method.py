@@ -160,15 +160,22 @@ def calibration_summary(key, probs, labels, conf, correct, n_bins: int, n_boot: 
   return {"ece": value, "ece_lo": lo, "ece_hi": hi, "acc": float(metrics.accuracy(probs, labels))}
 
 
-def evaluate_theory(world: World, arms: TheoryArms, tests: dict, key, n_bins: int, n_boot: int
-                    ) -> tuple[dict, dict]:
-  """({"<arm>/<shift>/<stat>": value}, {"<arm>/<shift>": reliability-diagram arrays}) for every arm and shift."""
+def evaluate_probs(probs: dict, tests: dict, key, n_bins: int, n_boot: int) -> tuple[dict, dict]:
+  """({"<arm>/<shift>/<stat>": value}, {"<arm>/<shift>": reliability-diagram arrays}) of probs {shift: {arm: (N, C)}}
+  against the labels of tests {shift: data}: ECE with its bootstrap interval, accuracy, reliability bins."""
   out, rel = {}, {}
   for s, data in tests.items():
-    for a, p in theory_probs(world, arms, data["x"]).items():
+    for a, p in probs[s].items():
       key, sub = jax.random.split(key)
       conf, correct = metrics.top_label(p, data["y"])
       for stat, v in calibration_summary(sub, p, data["y"], conf, correct, n_bins, n_boot).items():
         out[f"{a}/{s}/{stat}"] = v
       rel[f"{a}/{s}"] = {k: np.asarray(v) for k, v in metrics.reliability(conf, correct, n_bins=n_bins).items()}
   return out, rel
+
+
+def evaluate_theory(world: World, arms: TheoryArms, tests: dict, key, n_bins: int, n_boot: int
+                    ) -> tuple[dict, dict]:
+  """`evaluate_probs` of every theory arm on every shift."""
+  return evaluate_probs({s: theory_probs(world, arms, data["x"]) for s, data in tests.items()}, tests, key, n_bins,
+                        n_boot)

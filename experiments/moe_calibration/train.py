@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import os
 
-import jax
 import numpy as np
 
 from jaxlab import progress
-from jaxlab.calibration import metrics
 from jaxlab.train import run_stages
 from jaxlab.train import stages as stages_lib
 
@@ -102,16 +100,7 @@ def robust_stage(ctx) -> dict:
     params = trainer.train_arms(train["x"][None], train["y"][None], [config.seed],
                                 progress=lambda _: bar.update(1))
   probs, temps = training.arm_probs(trainer, params, val, tests)
-  out, rel, key = {}, {}, ctx.key()
-  for s, data in tests.items():
-    for a, p in probs[s].items():
-      key, sub = jax.random.split(key)
-      conf, correct = metrics.top_label(p, data["y"])
-      for stat, v in method.calibration_summary(sub, p, data["y"], conf, correct, config.eval.n_bins,
-                                                config.eval.n_boot).items():
-        out[f"{a}/{s}/{stat}"] = v
-      rel[f"{a}/{s}"] = {k: np.asarray(v) for k, v in metrics.reliability(conf, correct,
-                                                                          n_bins=config.eval.n_bins).items()}
+  out, rel = method.evaluate_probs(probs, tests, ctx.key(), config.eval.n_bins, config.eval.n_boot)
   out.update({f"temperature/{a}/{k}": float(t) for a, ts in temps.items() for k, t in enumerate(ts)})
   for arm in ("vanilla", "robust"):     # what the tilt sees at the end of training (README: why it barely acts)
     diag = training.tilt_diagnostics(trainer, params[arm], train["x"][None], train["y"][None], config.robust.eta,

@@ -31,6 +31,7 @@ from flax import nnx
 from jaxlab.calibration import robust as robust_lib
 from jaxlab.calibration import temperature
 from jaxlab.nn.mlp import MLP
+from jaxlab.nn import moe
 from jaxlab.nn.moe import MoEClassifier
 
 TRAINED_ARMS = ("vanilla", "robust", "filtered", "filtered_w1")
@@ -138,8 +139,7 @@ class Trainer:
 
 def calibrated(out: dict, temps) -> np.ndarray:
   """sum_k g_k softmax(z_k / T_k) of one world's forward outputs."""
-  z = out["expert_logits"] / np.asarray(temps, np.float32)[:, None]
-  return np.einsum("nk,nkc->nc", out["gates"], np.asarray(jax.nn.softmax(z, -1)))
+  return np.asarray(moe.mixture(out["expert_logits"], out["gates"], np.asarray(temps, np.float32)))
 
 
 def arm_probs_batch(trainer: Trainer, params: dict, val_x, val_y, test_x: dict) -> list[tuple[dict, dict]]:
