@@ -21,7 +21,8 @@ this rule; `jaxlab.tom.simulator` is the independent brute-force check that also
   random agent and container names; and a greedy best-of-k selection among candidate stories (kernel-herding
   style) that keeps, per (order, false_belief) stratum, the hit rate of each probe in `HEURISTICS` (first /
   last / most-mentioned container with either tie rule, container nearest to the first or last chain
-  agent's mention counted in events or in English words) at 1 / num_containers; each gold container is also
+  agent's mention counted in events or in English words, and `jaxlab.tom.audit`'s rule: nearest to the last
+  event naming the innermost agent) at 1 / num_containers; each gold container is also
   put in the least used candidate slot of its stratum (so "majority answer" is at chance too). With
   `distractors=False` nothing follows the last move and "last mentioned" is no longer balanced.
 
@@ -59,7 +60,7 @@ ROOMS = ("living_room", "kitchen", "garden", "bedroom", "hallway", "cellar", "at
 MODES = ("shortcut_free", "naive")
 STYLES = ("symbolic", "english")
 HEURISTICS = ("first", "last", "most_first_tie", "most_last_tie", "nearest_first_agent", "nearest_last_agent",
-              "nearest_first_agent_words", "nearest_last_agent_words")
+              "nearest_first_agent_words", "nearest_last_agent_words", "nearest_last_agent_final")
 
 _INF = math.inf
 
@@ -259,8 +260,11 @@ def _flags(init: int, events: list[tuple], chain: tuple[int, ...], gold: int,
     picks.append(_nearest(ment, apos, first))
   for agent in ((chain[0], chain[-1]) if chain else ()):
     picks.append(_nearest(wment, wagent[agent], first))
-  if not chain:
-    picks += [first] * 4
+  if chain:   # jaxlab.tom.audit's rule: nearest to the LAST event naming the innermost agent (ties: the earlier)
+    apos = [i + 1 for i, (_, a, _, _) in enumerate(events) if a == chain[-1]]
+    picks.append(_nearest(ment, apos[-1:], last))
+  else:
+    picks += [first] * 4 + [last]
   return tuple(int(x == gold) for x in picks)
 
 
@@ -457,8 +461,8 @@ def _to_story(init: int, events: list[tuple], agents: list[str], names: list[str
 
 
 def generate(n: int, *, seed: int, mode: str = "shortcut_free", orders: Sequence[int] = (0, 1, 2),
-             num_agents: int = 4, num_containers: int = 6, num_events: int = 6, distractors: bool = True,
-             twins: bool = True, max_distractors: int = 2, candidates_per_example: int = 6,
+             num_agents: int = 4, num_containers: int = 6, num_events: int = 10, distractors: bool = True,
+             twins: bool = True, max_distractors: int = 4, candidates_per_example: int = 12,
              naive_false_belief_rate: float = 0.15) -> list[Example]:
   """Hi-ToM-style belief questions (module docstring), deterministic given `seed`.
 

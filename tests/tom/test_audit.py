@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -266,22 +267,30 @@ def test_cli(tmp_path, capsys):
       text=True, timeout=60).stderr
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 32, open: the generator's shortcut-free mode still has two shortcuts the audit finds on false-belief "
-    "questions: nearest_to_agent (the container mentioned just before the queried agent's last mention, usually "
-    "its exit) 0.38 vs chance 0.167, and the no_exits learned probe 0.39 (a false-belief answer is always an "
-    "earlier move location, and stories hold few of them); the generator must balance the audit's own rule and "
-    "visit more locations per story"))
-def test_real_generator_modes():
+@functools.lru_cache(maxsize=1)
+def _real_generator_audits():
   stories = pytest.importorskip("jaxlab.tom.stories")
-  if not hasattr(stories, "generate"):
-    pytest.skip("jaxlab.tom.stories has no generate() yet")
   naive = audit.audit(stories.generate(4000, mode="naive", seed=0), stories.generate(2000, mode="naive", seed=1),
                       ablations=("no_exits",))
-  assert not naive.passed and naive.probes["first_mention"].flagged
   free = audit.audit(stories.generate(4000, mode="shortcut_free", seed=0),
                      stories.generate(2000, mode="shortcut_free", seed=1), ablations=("no_exits",))
-  print(free.to_markdown())
+  return naive, free
+
+
+def test_real_generator_heuristics():
+  """Claim 1's heuristic half: naive data is flagged; on shortcut-free data every heuristic is at chance."""
+  naive, free = _real_generator_audits()
+  assert not naive.passed and naive.probes["first_mention"].flagged
+  assert naive.probes["first_mention"].accuracy >= naive.chance.uniform + 0.30
   for name in [*audit.HEURISTICS, *audit.FITTED_HEURISTICS]:
-    assert free.probes[name].accuracy <= free.chance.uniform + 0.05, name
+    assert free.probes[name].accuracy <= free.chance.uniform + 0.05, (name, free.to_markdown())
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "issue 32, open: the no_exits learned probe scores ~chance + 0.1 on the shortcut-free mode's false-belief "
+    "questions (0.28 with 6 containers, chance 0.167): it learns that a false-belief answer is an earlier "
+    "location, never the final one, which deleting the EXIT events does not hide; the claim needs a baseline "
+    "or an ablation that accounts for it"))
+def test_real_generator_learned_probe():
+  _, free = _real_generator_audits()
   assert free.probes["learned:no_exits"].accuracy <= free.chance.uniform + 0.10
