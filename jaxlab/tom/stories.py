@@ -10,8 +10,8 @@ this rule; `jaxlab.tom.simulator` is the independent brute-force check that also
 
 `generate` has two modes:
 
-* "naive": the shortcut-prone data the paper warns about (arXiv 2606.09092, sec. 2.1 of
-  `shared/papers/tom_rft.md`). False-belief originals are rare (`naive_false_belief_rate`) and always come
+* "naive": the shortcut-prone data the paper warns about (Zhong et al., "From Shortcuts to
+  Reasoning", ICML 2026, arXiv 2606.09092). False-belief originals are rare (`naive_false_belief_rate`) and always come
   from the critical chain agent leaving before the first move (so the answer is the first-mentioned
   container); true beliefs are the final location and no distractor names a container (so the answer is the
   last-mentioned container). Naive twins keep that structure (the exit moves to the very start / end), so
