@@ -18,6 +18,7 @@ Launch: python -m jaxlab.main --config experiments/sft_difficulty/config.py:tiny
 """
 
 import ml_collections
+import numpy as np
 
 from jaxlab import claims, configs
 
@@ -27,13 +28,11 @@ SEEDS = (0, 1, 2, 3, 4)
 
 
 def _seed_mean_grid(runs, key):
-  import numpy as np  # pylint: disable=g-import-not-at-top
   return np.mean([np.asarray(r[key]) for r in runs], axis=0)
 
 
 def _dstar_min_step(runs):
   """min over consecutive budgets of d*(n_{i+1}) - d*(n_i), d* of the seed-mean target error (>= 0: never easier)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   grid = _seed_mean_grid(runs, "grid/target_err")
   dstar = np.argmin(grid, axis=1) + 1
   return float(np.min(np.diff(dstar)))
@@ -41,7 +40,6 @@ def _dstar_min_step(runs):
 
 def _gen_max_step_over_n(runs):
   """max over difficulties and consecutive budgets of the seed-mean generalisation gap's change (< 0: it falls)."""
-  import numpy as np  # pylint: disable=g-import-not-at-top
   return float(np.max(np.diff(_seed_mean_grid(runs, "grid/gen_gap"), axis=0)))
 
 

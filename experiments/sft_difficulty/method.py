@@ -34,6 +34,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from jaxlab.selection import pac_bayes
@@ -108,27 +109,12 @@ def _rows_one(key, w_star, w0, v, ns, *, s, b):
   return jax.vmap(lambda n: jax.vmap(lambda d: cell(d, n))(ds))(ns)
 
 
-class _Frozen:
-  """A hashable view of a ConfigDict block (jit static argument)."""
-
-  def __init__(self, block):
-    self._items = tuple(sorted((k, tuple(v) if isinstance(v, (list, tuple)) else v) for k, v in block.items()))
-    for k, v in self._items:
-      setattr(self, k, v)
-
-  def __hash__(self):
-    return hash(self._items)
-
-  def __eq__(self, other):
-    return isinstance(other, _Frozen) and self._items == other._items
-
-
 def run_rows(config, key: jax.Array, budgets) -> dict[str, np.ndarray]:
   """Rows of the budget x difficulty grid of one seed: {metric: (len(budgets), L) mean over the training sets},
   plus the seed's world ("w_star", "w0"). Training set r is the same draw (the first n of max(budgets) problems)
   whichever rows are asked for, so rows computed separately equal rows computed together. The repeats run one
   after another (lax.map), the cells of one repeat vectorised."""
-  s, b = _Frozen(config.synthetic), _Frozen(config.bound)
+  s, b = ml_collections.FrozenConfigDict(config.synthetic), ml_collections.FrozenConfigDict(config.bound)  # hashable: jit static
   k_world, k_test, k_train = jax.random.split(key, 3)
   w_star, w0 = world(k_world, s)
   v = s.input_scale * jax.random.normal(k_test, (s.target_inputs, s.levels * COORDS_PER_LEVEL))

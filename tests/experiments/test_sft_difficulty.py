@@ -2,6 +2,7 @@
 claims' toys (always-hard / always-easy preferences fail claim 1), config errors."""
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -60,8 +61,7 @@ def test_cell_against_a_brute_force_loop():
   """One training set, one (d, n): ridge toward w0, the excess errors and the exact KL recomputed in numpy."""
   from jaxlab.experiments.sft_difficulty import method
   c = registry.load("sft_difficulty").get_config("tiny", SHORT)
-  s = method._Frozen(c.synthetic)  # pylint: disable=protected-access
-  b = method._Frozen(c.bound)      # pylint: disable=protected-access
+  s, b = ml_collections.FrozenConfigDict(c.synthetic), ml_collections.FrozenConfigDict(c.bound)
   w_star, w0 = method.world(jax.random.key(3), s)
   w_star, w0 = np.asarray(w_star, np.float64), np.asarray(w0, np.float64)
   rng = np.random.default_rng(0)
