@@ -26,9 +26,21 @@ this rule; `jaxlab.tom.simulator` is the independent brute-force check that also
   put in the least used candidate slot of its stratum (so "majority answer" is at chance too). With
   `distractors=False` nothing follows the last move and "last mentioned" is no longer balanced.
 
+  The moves alone say nothing about a false-belief answer beyond "not the final location": a story is
+  first drawn without its EXIT events, in which the critical chain agent (the one whose exit decides the
+  belief; it always leaves, after the last move for a true belief) acts only early, after which the object
+  visits every container (given num_containers - 1 moves or more); candidates are compared
+  on their heuristic hit rates averaged over the false-belief answer still to be drawn; only then is that
+  answer drawn uniformly among the containers other than the final one and the agent's exit put after a
+  visit of it (where it balances the heuristics best). So a false-belief answer is uniform over those
+  num_containers - 1 containers given the story without exits, whatever the selection, and
+  `jaxlab.tom.audit`'s probe on that story (`learned:no_exits`) can at best rule out the final location:
+  1 / (num_containers - 1), 0.2 with 6 containers (chance 1/6 + 0.033; measured 0.17-0.21).
+
 With `twins=True` every example is followed by its counterfactual twin: the same story with ONE causal fact
 toggled (a chain agent's exit moved before / after the critical move, or a witnessed move added / removed)
-so that the gold answer changes; both share `meta["twin_id"]`.
+so that the gold answer changes; both share `meta["twin_id"]`. In shortcut-free mode a false-belief question
+and its twin differ only in where the critical agent leaves (so they share the story without exits).
 
 `render` writes a prompt in a symbolic ("INIT red_box | MOVE avery blue_box | EXIT avery || Q avery") or a
 Hi-ToM-like English form, `render_trace` the witnessed locations up to T (the Thinking arm's trace), and
@@ -37,6 +49,8 @@ Hi-ToM-like English form, `render_trace` the witnessed locations up to T (the Th
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import math
 import os
@@ -215,57 +229,60 @@ def _gold(init: int, events: list[tuple], chain: tuple[int, ...]) -> tuple[int, 
 _WORDS = {"move": 7, "exit": 4, "enter": 4, "likes": 4, "dislikes": 4, "stayed": 12}
 
 
-def _nearest(ment: list[tuple[int, int]], apos: list[int], default: int) -> int:
-  """The container whose mention is nearest to any of the sorted positions `apos` (ties: the earlier one)."""
-  if not apos:
-    return default
-  best, best_d, k, m = default, _INF, 0, len(apos)
-  for p, c in ment:   # mentions are sorted too: walk both lists once
-    while k + 1 < m and apos[k + 1] <= p:
-      k += 1
-    d = abs(p - apos[k])
-    if k + 1 < m and apos[k + 1] - p < d:
-      d = apos[k + 1] - p
-    if d < best_d:
-      best, best_d = c, d
+def _nearest(pos: list[int], cont: list[int], apos: list[int], default: int) -> int:
+  """The container cont[i] whose (sorted, distinct) position pos[i] is nearest to one of the positions `apos`
+  (ties: the earlier mention)."""
+  best, best_d, best_p, n = default, _INF, _INF, len(pos)
+  for q in apos:
+    k = bisect.bisect_left(pos, q)
+    if k < n and (pos[k] - q < best_d or pos[k] - q == best_d and pos[k] < best_p):
+      best, best_d, best_p = cont[k], pos[k] - q, pos[k]
+    if k and (q - pos[k - 1] < best_d or q - pos[k - 1] == best_d and pos[k - 1] < best_p):
+      best, best_d, best_p = cont[k - 1], q - pos[k - 1], pos[k - 1]
   return best
 
 
-def _flags(init: int, events: list[tuple], chain: tuple[int, ...], gold: int,
-           num_agents: int) -> tuple[int, ...]:
-  """Which heuristic probes (HEURISTICS) pick the gold container.
+def _picks(init: int, events: list[tuple], chain: tuple[int, ...], num_agents: int) -> tuple[int, ...]:
+  """The container each heuristic probe (HEURISTICS) picks.
 
   Mentions are counted on the event sequence (the initial container at 0, event i at i + 1); "nearest" is
   measured both in events and in English words (`render(..., "english")`, the agent list first).
   """
-  ment = [(0, init)] + [(i + 1, c) for i, (_, _, c, _) in enumerate(events) if c >= 0]
-  first, last = ment[0][1], ment[-1][1]
-  counts: dict[int, int] = {}
-  for _, c in ment:
-    counts[c] = counts.get(c, 0) + 1
-  top = max(counts.values())
-  tied = [c for _, c in ment if counts[c] == top]
-  picks = [first, last, tied[0], tied[-1]]
+  mpos, cont, counts = [0], [init], {init: 1}
   # English word positions: "A, B, C and D entered the R. The O is in the C. <events>"
   pos = num_agents + 10
-  wment, wagent = [(pos - 1, init)], {a: [a] for a in range(num_agents)}
-  for kind, a, c, text in events:
-    n = _WORDS[text if kind == _DIS else kind] if (kind != _DIS or text in _WORDS) else 4
-    wagent[a].append(pos)
+  wpos = [pos - 1]
+  a0, a1 = (chain[0], chain[-1]) if chain else (-1, -1)
+  e0, e1, w0, w1 = [], [], [a0], [a1]
+  for i, (kind, a, c, text) in enumerate(events, 1):
+    n = _WORDS.get(text, 4) if kind == _DIS else _WORDS[kind]
+    if a == a0:
+      e0.append(i)
+      w0.append(pos)
+    if a == a1:
+      e1.append(i)
+      w1.append(pos)
     if c >= 0:
-      wment.append((pos + n - 1, c))
+      mpos.append(i)
+      wpos.append(pos + n - 1)
+      cont.append(c)
+      counts[c] = counts.get(c, 0) + 1
     pos += n
-  for agent in ((chain[0], chain[-1]) if chain else ()):
-    apos = [i + 1 for i, (_, a, _, _) in enumerate(events) if a == agent]
-    picks.append(_nearest(ment, apos, first))
-  for agent in ((chain[0], chain[-1]) if chain else ()):
-    picks.append(_nearest(wment, wagent[agent], first))
-  if chain:   # jaxlab.tom.audit's rule: nearest to the LAST event naming the innermost agent (ties: the earlier)
-    apos = [i + 1 for i, (_, a, _, _) in enumerate(events) if a == chain[-1]]
-    picks.append(_nearest(ment, apos[-1:], last))
-  else:
-    picks += [first] * 4 + [last]
-  return tuple(int(x == gold) for x in picks)
+  first, last = init, cont[-1]
+  top = max(counts.values())
+  tied = [c for c in cont if counts[c] == top]
+  if not chain:
+    return (first, last, tied[0], tied[-1], first, first, first, first, last)
+  n0, m0 = _nearest(mpos, cont, e0, first), _nearest(wpos, cont, w0, first)
+  n1, m1 = (n0, m0) if a1 == a0 else (_nearest(mpos, cont, e1, first), _nearest(wpos, cont, w1, first))
+  # the last one is jaxlab.tom.audit's rule: nearest to the LAST event naming the innermost agent
+  return (first, last, tied[0], tied[-1], n0, n1, m0, m1, _nearest(mpos, cont, e1[-1:], last))
+
+
+def _flags(init: int, events: list[tuple], chain: tuple[int, ...], gold: int,
+           num_agents: int) -> tuple[int, ...]:
+  """Which heuristic probes (HEURISTICS) pick the gold container (see `_picks`)."""
+  return tuple(int(x == gold) for x in _picks(init, events, chain, num_agents))
 
 
 def _random_chain(rng: _Draws, order: int, num_agents: int) -> tuple[int, ...]:
@@ -311,54 +328,174 @@ def _valid(init: int, events: list[tuple], num_agents: int) -> bool:
   return True
 
 
-def _sf_story(rng: _Draws, cfg: dict, order: int, want_fb: bool):
-  """One shortcut-free candidate (init, events, chain) with the requested false-belief status, or None."""
+def _sf_view(rng: _Draws, cfg: dict, order: int):
+  """The exit-free part ("view") of a shortcut-free story: (init, view events, chain, crit, n_exit).
+
+  `crit` is the chain agent whose exit decides a false belief (-1 for order 0); n_exit counts its exit. It
+  moves only among the first `s` moves (move s itself half the time, so that it acts before leaving, as in
+  Hi-ToM) and never "stays", and the locations from move `s` on visit every container (when there are enough
+  moves), so that its exit can be put after a visit of ANY container other than the final one. Distractors
+  after the last move are by a chain agent half the time (a heuristic keyed on the queried agent's last
+  mention then points at a random container).
+  """
   na, nc, ne = cfg["num_agents"], cfg["num_containers"], cfg["num_events"]
-  max_exits = min(na - 1, ne - 1)
-  n_exit = rng.integers(0, max_exits + 1)
-  if want_fb and order and n_exit == 0:
-    n_exit = 1 if max_exits >= 1 else 0
-  kinds = [_MOVE] * (ne - n_exit) + [_EXIT] * n_exit
-  rng.shuffle(kinds)
-  leavers = rng.sample(na, n_exit)
+  chain = _random_chain(rng, order, na)
+  lo = 1 if order else 0   # the critical chain agent always leaves (after the last move for a true belief)
+  n_exit = rng.integers(lo, max(min(na - 1, ne - 1), lo) + 1)
+  k = ne - n_exit
+  crit = chain[rng.integers(order)] if order else -1
+  s = rng.integers(max(k - nc + 1, 0) + 1)
+  others = [a for a in range(na) if a != crit] or [crit]
   init = rng.integers(nc)
-  loc, gone, events = init, set(), []
-  for kind in kinds:
-    if kind == _EXIT:
-      a = leavers.pop()
-      gone.add(a)
-      events.append((_EXIT, a, -1, None))
-    else:
-      present = [a for a in range(na) if a not in gone]
-      a = present[rng.integers(len(present))]
+  left = set(range(nc))
+  if s == 0:
+    left.discard(init)
+  loc, events = init, []
+  for p in range(1, k + 1):
+    if p < s:
       loc = _new_target(rng, nc, {loc})
-      events.append((_MOVE, a, loc, None))
+    else:   # from move s on: a random walk that still visits every container by move k
+      choices = [c for c in left if c != loc] if len(left) >= k - p + 1 else []
+      loc = choices[rng.integers(len(choices))] if choices else _new_target(rng, nc, {loc})
+      left.discard(loc)
+    if p > s:
+      a = others[rng.integers(len(others))]
+    else:
+      a = crit if p == s and rng.random() < 0.5 else rng.integers(na)
+    events.append((_MOVE, a, loc, None))
   if cfg["distractors"]:
-    n_mid = rng.integers(0, cfg["max_distractors"] + 1)
-    for _ in range(n_mid):
+    for _ in range(rng.integers(0, cfg["max_distractors"] + 1)):
       pos = rng.integers(len(events) + 1)
-      present = _present_at(events, pos, na)
-      events.insert(pos, _distractor(rng, present, na, nc, rng.random() < 0.75))
+      events.insert(pos, _distractor(rng, others, na, nc, rng.random() < 0.75))
     last_move = max(i for i, e in enumerate(events) if e[0] == _MOVE)
-    n_end = rng.integers(1, 3)
-    for j in range(n_end):
+    for _ in range(rng.integers(1, 3)):
       pos = rng.integers(last_move + 1, len(events) + 1)
-      present = _present_at(events, pos, na)
       # The very last container mention is uniform over all containers ("last mentioned" is at chance).
-      events.insert(pos, _distractor(rng, present, na, nc, True))
-  locs = _locations(init, events)
-  exit_at = {a: i for i, (kind, a, _, _) in enumerate(events) if kind == _EXIT}
-  for _ in range(20):
-    chain = _random_chain(rng, order, na)
-    t = min((exit_at.get(a, len(events)) for a in chain), default=len(events))
-    if (locs[t] != locs[-1]) == want_fb:
-      return init, events, chain
-  return None
+      d = _distractor(rng, others, na, nc, True)
+      if chain and rng.random() < 0.5:
+        d = (d[0], chain[rng.integers(order)], d[2], d[3])
+      events.insert(pos, d)
+  return init, events, chain, crit, n_exit
+
+
+def _with_exits(view: list[tuple], exits: list[tuple[int, int]]) -> list[tuple]:
+  """The view with (gap, agent) exits inserted (gap g: just before view[g]; same gap: in list order)."""
+  at: dict[int, list[int]] = {}
+  for g, a in exits:
+    at.setdefault(g, []).append(a)
+  out = []
+  for g in range(len(view) + 1):
+    out += [(_EXIT, a, -1, None) for a in at.get(g, ())]
+    if g < len(view):
+      out.append(view[g])
+  return out
+
+
+def _sf_pair(rng: _Draws, cfg: dict, order: int, want_fb: bool, twin_fb: bool | None):
+  """A shortcut-free candidate for the original (and its twin: `twin_fb` asks for a false- or true-belief one,
+  None for none), or None.
+
+  Returns `("fixed", init, events, chain, twin)` when every answer is already known, or `("open", init, chain,
+  cand)` when a false-belief answer is still to be drawn (`_sf_draw_answers`, after the candidate is picked):
+  uniformly from the containers the critical chain agent can have last seen before it leaves (every container
+  but the final one, see `_sf_view`), so that the story without its exits says nothing about which
+  non-final container it is; `_sf_open_events` then puts the exit after a visit of it. A twin of (or that is)
+  a false-belief question only moves that agent's exit; a true-belief pair adds or removes a move.
+  """
+  na = cfg["num_agents"]
+  init, view, chain, crit, n_exit = _sf_view(rng, cfg, order)
+  last_act = [-1] * na
+  for i, (kind, a, _, text) in enumerate(view):
+    if kind == _MOVE or text == "stayed":
+      last_act[a] = i
+  last_move = max(i for i, e in enumerate(view) if e[0] == _MOVE)
+  pool = [a for a in range(na) if a != crit]
+  exits = []
+  for a in rng.sample(len(pool), n_exit - (crit >= 0)):
+    a = pool[a]
+    lo = max(last_act[a], last_move if a in chain else -1) + 1   # other chain agents leave after the last move
+    exits.append((rng.integers(lo, len(view) + 1), a))
+  if crit < 0:
+    events = _with_exits(view, exits)
+    twin = _twin(rng, cfg, init, events, chain) if twin_fb is not None else None
+    return ("fixed", init, events, chain, twin) if twin or twin_fb is None else None
+  locs = _locations(init, view)   # locs[g]: the location at gap g (just before view[g])
+  gaps: dict[int, list[int]] = {}
+  for g in range(last_act[crit] + 1, last_move + 1):
+    if locs[g] != locs[-1]:
+      gaps.setdefault(locs[g], []).append(g)
+  tail = list(range(max(last_move, last_act[crit]) + 1, len(view) + 1))
+  if want_fb and not gaps:
+    return None
+  if twin_fb and len(gaps) < 1 + want_fb:
+    twin_fb = False
+  if not want_fb and not twin_fb:   # true belief only: the exit after the last move
+    events = _with_exits(view, exits + [(tail[rng.integers(len(tail))], crit)])
+    if twin_fb is None:
+      return "fixed", init, events, chain, None
+    twin = _twin(rng, cfg, init, events, chain, allowed=("add_move", "remove_move"))
+    return ("fixed", init, events, chain, twin) if twin else None
+  roles = [want_fb] + ([twin_fb] if twin_fb is not None else [])
+  base = _with_exits(view, exits)
+  at = [i for i, e in enumerate(base) if e[0] != _EXIT] + [len(base)]   # at[g]: where view[g] is in base
+  # gaps where something (a distractor, another exit) separates the exit from the move before it
+  spaced = {g for g in range(1, len(view) + 1) if view[g - 1][0] != _MOVE} | {g for g, _ in exits}
+  cand = {"base": base, "at": at, "crit": crit, "gaps": gaps, "roles": roles, "spaced": spaced,
+          "tail": [tail[rng.integers(len(tail))] for _ in roles]}
+  return "open", init, chain, cand
+
+
+def _sf_events(cand: dict, g: int) -> list[tuple]:
+  """The events of an "open" candidate with the critical chain agent's exit at gap `g` of its view."""
+  i = cand["at"][g]
+  return cand["base"][:i] + [(_EXIT, cand["crit"], -1, None)] + cand["base"][i:]
+
+
+def _sf_expected_flags(rng: _Draws, cand: dict, init: int, chain: tuple[int, ...], num_agents: int
+                       ) -> list[float]:
+  """Mean heuristic flags of a false-belief role of an "open" candidate over its possible answers (one exit
+  position each, preferably one that something separates from the move before it)."""
+  tot = [0] * len(HEURISTICS)
+  for c, gs in cand["gaps"].items():
+    gs = [g for g in gs if g in cand["spaced"]] or gs
+    picks = _picks(init, _sf_events(cand, gs[rng.integers(len(gs))]), chain, num_agents)
+    tot = [t + (p == c) for t, p in zip(tot, picks)]
+  return [t / len(cand["gaps"]) for t in tot]
+
+
+def _sf_open_events(rng: _Draws, cand: dict, answers: Sequence[int], max_options: int = 4
+                    ) -> list[list[tuple[int, list[tuple]]]]:
+  """For each role of an "open" candidate: its [(gap of the critical exit, events), ...] options.
+
+  A false-belief role gets `answers[i]` (a key of `cand["gaps"]`) as its answer, with up to `max_options` exit
+  positions after a visit of it; a true-belief role its exit after the last move.
+  """
+  out = []
+  for role, fb in enumerate(cand["roles"]):
+    gs = cand["gaps"][answers[role]] if fb else [cand["tail"][role]]
+    if len(gs) > max_options:
+      gs = [gs[i] for i in rng.sample(len(gs), max_options)]
+    out.append([(g, _sf_events(cand, g)) for g in gs])
+  return out
+
+
+def _sf_draw_answers(rng: _Draws, cand: dict) -> list[int]:
+  """Uniform false-belief answers for the roles of an "open" candidate (distinct for a false-belief pair;
+  -1 for a true-belief role)."""
+  cs = sorted(cand["gaps"])
+  out = []
+  for fb in cand["roles"]:
+    left = [c for c in cs if c not in out] if fb else []
+    out.append(left[rng.integers(len(left))] if left else -1)
+  return out
 
 
 def _twin(rng: _Draws, cfg: dict, init: int, events: list[tuple], chain: tuple[int, ...],
-          naive: bool = False):
-  """A counterfactual twin (events', description) toggling one causal fact so the answer changes, or None."""
+          naive: bool = False, allowed: Sequence[str] | None = None):
+  """A counterfactual twin (events', description) toggling one causal fact so the answer changes, or None.
+
+  `allowed` restricts the kinds of edit ("exit_later", "exit_earlier", "remove_move", "add_move").
+  """
   na, nc = cfg["num_agents"], cfg["num_containers"]
   gold, t = _gold(init, events, chain)
   moves = [i for i, e in enumerate(events) if e[0] == _MOVE]
@@ -379,6 +516,8 @@ def _twin(rng: _Draws, cfg: dict, init: int, events: list[tuple], chain: tuple[i
   if crit is not None and len(moves) >= 2:
     options.append("remove_move")
   options.append("add_move")
+  if allowed is not None:
+    options = [o for o in options if o in allowed]
   if naive:
     options = ["exit_later"] if "exit_later" in options else (
         ["exit_earlier"] if "exit_earlier" in options else options)
@@ -530,27 +669,48 @@ def generate(n: int, *, seed: int, mode: str = "shortcut_free", orders: Sequence
         delta += d_new * d_new - d_old * d_old
     return delta
 
+  def evaluate(init, chain, variants):
+    """(order, false_belief, heuristic flags) of each variant story."""
+    members = []
+    for ev in variants:
+      gold = _gold(init, ev, chain)[0]
+      members.append((len(chain), gold != _locations(init, ev)[-1], _flags(init, ev, chain, gold, num_agents)))
+    return members
+
   while len(out) < n:
     order = orders[rng.integers(len(orders))]
     with_twin = twins and n - len(out) >= 2
     best = None
     tries = 0
     want_fb = bool(order) and fb_count[order][0] * 2 < fb_count[order][1] + (rng.random() < 0.5)
+    twin_fb = (rng.random() < 0.5) if with_twin and not naive else None
     n_cand = 1 if naive else candidates_per_example
     while (best is None or tries < n_cand) and tries < 50 * n_cand:
       tries += 1
-      cand = _naive_story(rng, cfg, order) if naive else _sf_story(rng, cfg, order, want_fb)
-      if cand is None:
-        continue
-      init, events, chain = cand
-      twin = _twin(rng, cfg, init, events, chain, naive) if with_twin else None
-      if with_twin and twin is None:
-        continue
-      members = []
-      for ev in [events] + ([twin[0]] if twin else []):
-        gold, _ = _gold(init, ev, chain)
-        fb = gold != _locations(init, ev)[-1]
-        members.append((order, fb, _flags(init, ev, chain, gold, num_agents)))
+      if naive:
+        cand = _naive_story(rng, cfg, order)
+        twin = _twin(rng, cfg, *cand, naive) if with_twin else None
+        if with_twin and twin is None:
+          continue
+        cand = ("fixed", *cand, twin)
+      else:
+        cand = _sf_pair(rng, cfg, order, want_fb, twin_fb)
+        if cand is None:
+          continue
+      if cand[0] == "fixed":
+        _, init, events, chain, twin = cand
+        members = evaluate(init, chain, [events] + ([twin[0]] if twin else []))
+      else:   # false-belief roles are scored on their mean flags over the answer still to be drawn, so the
+        # selection cannot favour one answer over another given the story without exits
+        _, init, chain, hidden = cand
+        mean = None
+        members = []
+        for role, fb in enumerate(hidden["roles"]):
+          if fb:
+            mean = mean or _sf_expected_flags(rng, hidden, init, chain, num_agents)
+            members.append((order, True, mean))
+          else:
+            members += evaluate(init, chain, [_sf_events(hidden, hidden["tail"][role])])
       score = 0.0 if naive else cost_delta(members)
       if not naive:
         for _, fb, _ in members:   # keep false vs true belief near 50/50 per order
@@ -558,11 +718,26 @@ def generate(n: int, *, seed: int, mode: str = "shortcut_free", orders: Sequence
             f, t = fb_count[order]
             score += ((f + fb) - (t + 1) / 2) ** 2 - (f - t / 2) ** 2
       if best is None or score < best[0]:
-        best = (score, cand, twin, members)
+        best = (score, cand, members)
     if best is None:
       raise ConfigError(f"could not generate a story for order {order} with num_agents={num_agents}, "
                         f"num_events={num_events}; raise num_events or num_agents")
-    _, (init, events, chain), twin, members = best
+    _, cand, members = best
+    if cand[0] == "fixed":
+      _, init, events, chain, twin = cand
+    else:   # draw the false-belief answers now, then put the exits where they balance the heuristics best
+      _, init, chain, hidden = cand
+      golds = _sf_draw_answers(rng, hidden)
+      opts = _sf_open_events(rng, hidden, golds)
+      flags = [[evaluate(init, chain, [ev])[0] for _, ev in o] for o in opts]
+      combos = itertools.product(*[range(len(o)) for o in opts])
+      pick = min(combos, key=lambda ij: cost_delta([flags[r][k] for r, k in enumerate(ij)]))
+      members = [flags[r][k] for r, k in enumerate(pick)]
+      events = opts[0][pick[0]][1]
+      twin = None
+      if len(opts) > 1:
+        g1, g2 = opts[0][pick[0]][0], opts[1][pick[1]][0]
+        twin = (opts[1][pick[1]][1], f"{'exit_later' if g2 > g1 else 'exit_earlier'}:{hidden['crit']}")
     # Random names in random order: answers, queried agents and candidate positions are uniform; in
     # shortcut-free mode each gold container goes to the least used candidate slot of its stratum.
     golds = [_gold(init, ev, chain)[0] for ev in [events] + ([twin[0]] if twin else [])]

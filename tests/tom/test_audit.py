@@ -286,11 +286,13 @@ def test_real_generator_heuristics():
     assert free.probes[name].accuracy <= free.chance.uniform + 0.05, (name, free.to_markdown())
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 32, open: the no_exits learned probe scores ~chance + 0.1 on the shortcut-free mode's false-belief "
-    "questions (0.28 with 6 containers, chance 0.167): it learns that a false-belief answer is an earlier "
-    "location, never the final one, which deleting the EXIT events does not hide; the claim needs a baseline "
-    "or an ablation that accounts for it"))
 def test_real_generator_learned_probe():
+  """Claim 1's learned half: the probe on shortcut-free stories without their EXIT events stays near chance.
+
+  A false-belief answer is uniform over the containers other than the final one given the story without exits
+  (`jaxlab.tom.stories`), so the probe can at best rule out the final location: 1 / 5 = chance + 0.033 with 6
+  containers (measured 0.199 here, 0.176 with seeds 2 / 3, 0.203 on orders 0-4; the old generator: 0.282).
+  """
   _, free = _real_generator_audits()
-  assert free.probes["learned:no_exits"].accuracy <= free.chance.uniform + 0.10
+  p = free.probes["learned:no_exits"]
+  assert p.accuracy <= free.chance.uniform + 0.10 and not p.flagged, free.to_markdown()
