@@ -235,11 +235,7 @@ def check_inputs(c):
 def grpo_config(c):
   """The library `GRPOConfig` of a config."""
   from jaxlab.posttrain.grpo import GRPOConfig
-  g = c.grpo
-  return GRPOConfig(num_generations=g.num_generations, num_iterations=g.num_iterations, beta=g.beta,
-                    epsilon=g.epsilon, epsilon_high=g.epsilon_high or None, epsilon_c=g.epsilon_c or None,
-                    kl_loss_mode=g.kl_loss_mode, loss_agg_mode=g.loss_agg_mode,
-                    advantage_estimator=g.advantage_estimator, per_reward_normalize=g.per_reward_normalize)
+  return GRPOConfig.from_config(c.grpo)
 
 
 def sweep(arg=None):

@@ -33,7 +33,6 @@ from jaxlab.lm import hf, sft_data
 from jaxlab.lm.model import Transformer, TransformerConfig
 from jaxlab.lm.tokenizer import check_fits, load_tokenizer
 from jaxlab.posttrain import evaluate, rewards as rewards_lib, trainers
-from jaxlab.posttrain.rollout import decode_completion
 from jaxlab.state import ModelDef, param_count
 from jaxlab.train import run_stages
 
@@ -185,18 +184,6 @@ def _valid(think: bool):
 
 # ------------------------------------------------------------------------------------------------ scores
 
-def greedy_texts(model, tok, prompts, batch: int, max_new_tokens: int) -> list[str]:
-  """Greedy KV-cache completions (text, stop token dropped) of encoded prompts."""
-  from jaxlab.lm.sampler import generate  # pylint: disable=g-import-not-at-top
-  out = []
-  for s in range(0, len(prompts), batch):
-    chunk = list(prompts[s:s + batch])
-    res = generate(model, chunk, max_new_tokens, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
-    toks, lens = jax.device_get((res.tokens, res.lengths))
-    out += [decode_completion(tok, toks[i, :lens[i]]) for i in range(len(chunk))]
-  return out
-
-
 def pair_consistency(records, correct) -> float:
   """Share of counterfactual twin pairs with both members answered correctly (NaN without pairs)."""
   groups = collections.defaultdict(list)
@@ -211,7 +198,7 @@ def score(config, model, tok, test, name: str, think: bool) -> dict:
   """Greedy scores of one model on the test records under `eval/..._<name>` keys."""
   c = config
   prompts = [sft_data.encode_prompt(prompt_of(c, r, think), tok) for r in test]
-  texts = greedy_texts(model, tok, prompts, c.eval.batch, c.grpo.max_new_tokens)
+  texts = evaluate.greedy_completions(model, tok, prompts, batch=c.eval.batch, max_new_tokens=c.grpo.max_new_tokens)
   fn = _answer_think if think else _answer_nothink
   correct = np.asarray(fn(texts, test)) > 0
   valid = _valid(think)(texts)

@@ -6,6 +6,7 @@ completion length and format validity.
   pass@k = 1 - C(n - c, k) / C(n, k), computed as 1 - prod_{i = n - c + 1}^{n} (1 - k / i) (no large binomials).
 * `majority_vote(answers, correct)`: maj@n, the fraction of prompts whose most frequent valid answer (ties:
   the first to appear) is correct (Wang et al. 2023, self-consistency).
+* `greedy_completions(...)`: the greedy KV-cache completions (text) of encoded prompts, in batches.
 * `greedy_eval(...)`: greedy KV-cache decoding of every prompt, each score function averaged.
 * `sampled_eval(...)`: n samples per prompt at a temperature: sampled accuracy, pass@k for each k, maj@n,
   format rate and mean completion length.
@@ -55,6 +56,22 @@ def majority_vote(answers: Sequence[Sequence[str | None]], correct: Callable[[in
   return float(np.mean(hits)) if hits else 0.0
 
 
+def greedy_completions(model, tokenizer, prompt_ids: Sequence[Sequence[int]], *, batch: int, max_new_tokens: int,
+                       with_lengths: bool = False):
+  """Greedy KV-cache completions of encoded prompts, `batch` prompts per generate call: their text
+  (`decode_completion`: stop token dropped); with `with_lengths`, also the generated token counts (stop token
+  included)."""
+  from jaxlab.lm.sampler import generate  # pylint: disable=g-import-not-at-top
+  texts, lengths = [], []
+  for s in range(0, len(prompt_ids), batch):
+    chunk = list(prompt_ids[s:s + batch])
+    out = generate(model, chunk, max_new_tokens, stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
+    toks, lens = jax.device_get((out.tokens, out.lengths))
+    texts += [decode_completion(tokenizer, toks[i, :lens[i]]) for i in range(len(chunk))]
+    lengths += [int(n) for n in lens]
+  return (texts, lengths) if with_lengths else texts
+
+
 def greedy_eval(model, tokenizer, prompt_ids: Sequence[Sequence[int]], problems: Sequence[Any],
                 scores: Mapping[str, ScoreFn], *, batch: int, max_new_tokens: int) -> dict[str, float]:
   """Greedy KV-cache generation of every prompt; the mean of each score (e.g. {"acc": ..., "format": ...})
@@ -69,20 +86,11 @@ def greedy_eval(model, tokenizer, prompt_ids: Sequence[Sequence[int]], problems:
     batch: prompts per generate call.
     max_new_tokens: completion length limit.
   """
-  from jaxlab.lm.sampler import generate  # pylint: disable=g-import-not-at-top
   if len(prompt_ids) != len(problems):
     raise ValueError(f"greedy_eval: {len(prompt_ids)} prompts but {len(problems)} problems")
-  got = {name: [] for name in scores}
-  lengths = []
-  for s in range(0, len(prompt_ids), batch):
-    chunk = list(prompt_ids[s:s + batch])
-    out = generate(model, chunk, max_new_tokens, stop_tokens=(tokenizer.eos_id,), pad_id=tokenizer.pad_id)
-    toks, lens = jax.device_get((out.tokens, out.lengths))
-    texts = [decode_completion(tokenizer, toks[i, :lens[i]]) for i in range(len(chunk))]
-    for name, fn in scores.items():
-      got[name] += list(np.asarray(fn(texts, problems[s:s + batch]), np.float32))
-    lengths += list(lens)
-  out = {name: float(np.mean(v)) for name, v in got.items()}
+  texts, lengths = greedy_completions(model, tokenizer, prompt_ids, batch=batch, max_new_tokens=max_new_tokens,
+                                      with_lengths=True)
+  out = {name: float(np.mean(np.asarray(fn(texts, problems), np.float32))) for name, fn in scores.items()}
   out["length"] = float(np.mean(lengths))
   return out
 

@@ -43,6 +43,15 @@ KL_MODES = ("kl", "mse_kl", "low_var_kl")
 KL_ALIASES = {"k1": "kl", "k2": "mse_kl", "k3": "low_var_kl"}
 
 
+# Batch keys that are extra model inputs, passed to the model by name (a VLM's per-row images, `jaxlab.lm.vlm`).
+MODEL_INPUT_KEYS = ("images",)
+
+
+def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+  """The extra model inputs of a batch (`MODEL_INPUT_KEYS` it holds), as keyword arguments of the model."""
+  return {k: batch[k] for k in MODEL_INPUT_KEYS if k in batch}
+
+
 @dataclasses.dataclass(frozen=True)
 class GRPOConfig:
   """GRPO hyperparameters (Tunix `GRPOConfig` names).
@@ -100,6 +109,17 @@ class GRPOConfig:
   def eps_high(self) -> float:
     return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
+  @classmethod
+  def from_config(cls, section: Mapping[str, Any]) -> "GRPOConfig":
+    """From an experiment's `config.grpo` section: the fields above by name (0 / None for epsilon_high,
+    epsilon_c and kl_clamp mean off); other keys of the section (temperature, reward weights, ...) are ignored."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    kw = {k: section[k] for k in names if k in section}
+    for k in ("epsilon_high", "epsilon_c", "kl_clamp"):
+      if k in kw:
+        kw[k] = kw[k] or None
+    return cls(**kw)
+
 
 def kl_estimate(logp: jax.Array, ref_logp: jax.Array, mode: str = "kl", clamp: float | None = None) -> jax.Array:
   """Per-token KL estimate between the policy and the reference (see the module docstring)."""
@@ -138,7 +158,8 @@ def aggregate(x_bt: jax.Array, mask_bt: jax.Array, mode: str = "sequence-mean-to
 
 
 def per_token_logps(model: Callable, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
-                    segment_ids_bt: jax.Array | None = None, *, temperature: float = 1.0, with_entropy: bool = False):
+                    segment_ids_bt: jax.Array | None = None, *, temperature: float = 1.0, with_entropy: bool = False,
+                    **inputs):
   """Teacher-forced log p(token_t | tokens_<t) of every position (position 0 gets 0).
 
   Args:
@@ -149,11 +170,12 @@ def per_token_logps(model: Callable, tokens_bt: jax.Array, positions_bt: jax.Arr
     temperature: the log-probs of the sampling policy softmax(logits / temperature) (as Tunix computes them;
       use the rollout temperature so the policy gradient is that of the distribution that was sampled).
     with_entropy: also return the (B, T) entropy of the predictive distribution at each position.
+    **inputs: extra model inputs (e.g. a VLM's `images`), passed to the model.
 
   Returns:
     (B, T) float32 log-probs aligned with the tokens; with `with_entropy`, (logps, entropy).
   """
-  logits = model(tokens_bt, positions_bt, segment_ids_bl=segment_ids_bt)[:, :-1].astype(jnp.float32)
+  logits = model(tokens_bt, positions_bt, segment_ids_bl=segment_ids_bt, **inputs)[:, :-1].astype(jnp.float32)
   if temperature != 1.0:
     logits = logits / temperature
   ce, _ = token_stats(logits, tokens_bt[:, 1:])
@@ -213,13 +235,13 @@ def make_grpo_loss_fn(config: GRPOConfig, temperature: float = 1.0):
   `temperature` is the rollout temperature: log-probs are those of softmax(logits / temperature).
 
   The batch holds "tokens", "positions", "segment_ids", "loss_mask" (B, T), "advantages" (B,) and, when used,
-  "old_logps" (num_iterations > 1) and "ref_logps" (beta > 0), each (B, T). Metrics add the mean entropy of
-  the trained tokens.
+  "old_logps" (num_iterations > 1) and "ref_logps" (beta > 0), each (B, T), plus any extra model inputs
+  (`MODEL_INPUT_KEYS`, e.g. a VLM's "images"). Metrics add the mean entropy of the trained tokens.
   """
   def loss_fn(model, batch: Mapping[str, Any], key):
     del key
     lp, ent = per_token_logps(model, batch["tokens"], batch["positions"], batch["segment_ids"],
-                              temperature=temperature, with_entropy=True)
+                              temperature=temperature, with_entropy=True, **model_inputs(batch))
     old = batch.get("old_logps") if config.num_iterations > 1 else None
     loss, m = grpo_loss(lp, old, batch.get("ref_logps"), batch["advantages"], batch["loss_mask"], config)
     m["entropy"] = aggregate(ent, batch["loss_mask"], "token-mean")
@@ -241,7 +263,8 @@ def make_logps_fn(modeldef, temperature: float = 1.0):
   def fn(params, model_state, batch):
     model = modeldef.merge(params, model_state)
     model.eval()
-    return per_token_logps(model, batch["tokens"], batch["positions"], batch["segment_ids"], temperature=temperature)
+    return per_token_logps(model, batch["tokens"], batch["positions"], batch["segment_ids"], temperature=temperature,
+                           **model_inputs(batch))
 
   jitted = jax.jit(fn)
 

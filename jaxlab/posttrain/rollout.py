@@ -4,7 +4,9 @@ A *policy* turns a batch of contexts into continuations:
 `policy(contexts: list[list[int]], key) -> (generated: list[list[int]], logps: list[np.ndarray])`, where each
 generated list ends with its stop token (if one was produced) and logps are the policy's log-probabilities of
 those tokens. `sampler_policy` wraps the jaxlab KV-cache sampler (`jaxlab.lm.generate`); any other engine
-(vLLM, sglang-jax, a scripted test policy) fits the same protocol.
+(vLLM, sglang-jax, a scripted test policy) fits the same protocol. With per-prompt model inputs (`prompt_inputs=`,
+e.g. a VLM's images) the policy is called as `policy(contexts, key, inputs=rows)`, rows[k] (batch, ...) being
+the inputs of each context's prompt.
 
 Multi-turn: after each turn, a trajectory whose last generated token is `tool_end_id` (the close tag of a tool
 call) gets an observation from the environment, `env.observe(prompt_index, call_tokens) -> tokens`, appended
@@ -23,10 +25,13 @@ advantage (`trajectory`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Protocol, Sequence
 
 import jax
 import numpy as np
+
+from jaxlab import mesh as mesh_lib
 
 Policy = Callable[[list[list[int]], jax.Array], tuple[list[list[int]], list[np.ndarray]]]
 
@@ -73,6 +78,19 @@ class RolloutBatch:
     if self.turn_limited is None:
       self.turn_limited = np.zeros(len(self.responses), bool)
 
+  def row_inputs(self, inputs: dict[str, np.ndarray] | None, keep: Sequence[bool] | np.ndarray | None = None,
+                 num_generations: int | None = None) -> dict[str, np.ndarray]:
+    """Per-prompt model inputs {name: (num_prompts, ...)} expanded to the training rows (of the kept
+    trajectories, in row order, as `sequences(keep)`); trajectory k belongs to prompt k // num_generations
+    (default: len(responses) / num_prompts)."""
+    if not inputs:
+      return {}
+    g = num_generations or len(self.responses) // len(next(iter(inputs.values())))
+    rows = self.trajectory
+    if keep is not None:
+      rows = rows[np.asarray(keep, bool)[rows]]
+    return {k: np.asarray(v)[rows // g] for k, v in inputs.items()}
+
   def sequences(self, keep: Sequence[bool] | np.ndarray | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
     """(ids, train) pairs of the rows of the kept trajectories (all by default), in row order: the real
     tokens and a bool per token, True on generated ones (`jaxlab.lm.sft_data.pad_rows` input: SFT on them
@@ -105,24 +123,38 @@ def decode_completion(tokenizer, ids) -> str:
 
 
 def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                   stop_tokens: Sequence[int] = (), pad_id: int = 0, bucket: int = 16) -> Policy:
+                   stop_tokens: Sequence[int] = (), pad_id: int = 0, bucket: int = 16, batch_bucket: int = 1) -> Policy:
   """A policy sampling with `jaxlab.lm.generate` (KV cache, jitted while-loop decode).
 
   The KV cache holds the longest context rounded up to a multiple of `bucket`, plus max_new_tokens; the
   prefill is as wide as the longest context, so each distinct longest-context length compiles once.
   With a multi-device mesh in context (`jaxlab.mesh.use`), `generate` shards the batch over its data axes
-  (padding a batch that does not divide; see `jaxlab.lm.sampler`).
+  (padding a batch that does not divide; see `jaxlab.lm.sampler`). Called with per-row `inputs` (a VLM's
+  images), the policy samples from `model.bind(**inputs)`, the decoder with those rows' visual tokens bound.
+  With `batch_bucket` > 1 the batch is padded (copies of its last context, results dropped) to a multiple of
+  it, so multi-turn rollouts, whose later turns have fewer active contexts, compile a few batch sizes only.
   """
   from jaxlab.lm.sampler import generate
 
-  def policy(contexts: list[list[int]], key):
+  def policy(contexts: list[list[int]], key, inputs=None):
+    n, m = len(contexts), model
+    if inputs and not hasattr(model, "bind"):
+      raise ValueError(f"sampler_policy: per-row model inputs {sorted(inputs)} need a model with bind(**inputs) "
+                       f"(e.g. jaxlab.lm.vlm.VisionLM), got {type(model).__name__}")
+    multiple = batch_bucket
+    if inputs and mesh_lib.multi_device():            # generate pads the prompts to the data split, not the inputs
+      multiple = math.lcm(multiple, mesh_lib.data_split())
+    extra = -n % multiple
+    contexts = list(contexts) + [contexts[-1]] * extra
+    if inputs:
+      m = model.bind(**{k: np.concatenate([v, np.repeat(v[-1:], extra, axis=0)]) for k, v in inputs.items()})
     longest = max(len(c) for c in contexts)
     cache = -(-longest // bucket) * bucket + max_new_tokens
-    out = generate(model, contexts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+    out = generate(m, contexts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                    stop_tokens=stop_tokens, pad_id=pad_id, key=key, max_len=cache)
     toks, lens, lps = jax.device_get((out.tokens, out.lengths, out.logprobs))
-    return ([[int(t) for t in toks[i, :lens[i]]] for i in range(len(contexts))],
-            [np.asarray(lps[i, :lens[i]], np.float32) for i in range(len(contexts))])
+    return ([[int(t) for t in toks[i, :lens[i]]] for i in range(n)],
+            [np.asarray(lps[i, :lens[i]], np.float32) for i in range(n)])
 
   return policy
 
@@ -130,7 +162,8 @@ def sampler_policy(model, max_new_tokens: int, *, temperature: float = 1.0, top_
 def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations: int, *, key: jax.Array,
                env: ToolEnv | None = None, max_turns: int = 1, tool_end_id: int | None = None,
                memory_window: int | None = None, memory_placeholder: Sequence[int] | None = None,
-               width: int | None = None, pad_id: int = 0, stop_tokens: Sequence[int] = ()) -> RolloutBatch:
+               width: int | None = None, pad_id: int = 0, stop_tokens: Sequence[int] = (),
+               prompt_inputs: dict[str, np.ndarray] | None = None) -> RolloutBatch:
   """Rolls out G trajectories per prompt, with tool turns when `env` is given.
 
   Args:
@@ -149,6 +182,9 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
     stop_tokens: the policy's stop tokens; when given, a trajectory counts as stopped only if its last turn
       ends with one of them (otherwise it hit the token limit). Without them, any last turn that does not
       end with tool_end_id counts as stopped.
+    prompt_inputs: per-prompt extra model inputs {name: (num_prompts, ...)} (e.g. a VLM's images), handed to the
+      policy row by row (`policy(contexts, key, inputs=...)`); training rows take them from
+      `RolloutBatch.row_inputs`.
 
   Returns:
     RolloutBatch.
@@ -165,6 +201,9 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
   prompts = [list(map(int, p)) for p in prompts]
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("multi_turn: need at least one prompt, each with >= 1 token")
+  for k, v in (prompt_inputs or {}).items():
+    if len(v) != len(prompts):
+      raise ValueError(f"multi_turn: prompt_inputs[{k!r}] has {len(v)} rows for {len(prompts)} prompts")
   n = len(prompts) * num_generations
   hist: list[list[tuple[str, list[int], np.ndarray | None]]] = [[] for _ in range(n)]
   turn_rows: list[tuple[int, list[int], list[int], np.ndarray]] = []
@@ -186,7 +225,11 @@ def multi_turn(policy: Policy, prompts: Sequence[Sequence[int]], num_generations
     if idx.size == 0:
       break
     contexts = [prompts[i // num_generations] + visible(hist[i]) for i in idx]
-    gens, lps = policy(contexts, jax.random.fold_in(key, turn))
+    if prompt_inputs:
+      rows_in = {k: np.asarray(v)[idx // num_generations] for k, v in prompt_inputs.items()}
+      gens, lps = policy(contexts, jax.random.fold_in(key, turn), inputs=rows_in)
+    else:
+      gens, lps = policy(contexts, jax.random.fold_in(key, turn))
     if len(gens) != len(idx) or len(lps) != len(idx):
       raise ValueError(f"policy returned {len(gens)} continuations for {len(idx)} contexts")
     for j, i in enumerate(idx):
@@ -258,5 +301,6 @@ def single_turn(model_or_policy: Any, prompts: Sequence[Sequence[int]], num_gene
 
 
 def _is_policy(obj) -> bool:
-  from jaxlab.lm.model import Transformer
-  return callable(obj) and not isinstance(obj, Transformer)
+  """A policy callable, as opposed to a model to sample from (a `Transformer`, a `VisionLM`: NNX modules)."""
+  from flax import nnx
+  return callable(obj) and not isinstance(obj, nnx.Module)

@@ -26,6 +26,7 @@ checkpointing) and its mesh; the method's settings come as arguments.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, Callable, Sequence
 
@@ -39,7 +40,7 @@ from jaxlab.errors import ConfigError
 from jaxlab.lm import sft as sft_lib
 from jaxlab.lm import sft_data
 from jaxlab.posttrain.advantages import multi_reward_advantages
-from jaxlab.posttrain.grpo import GRPOConfig, make_grpo_loss_fn, make_logps_fn
+from jaxlab.posttrain.grpo import GRPOConfig, make_grpo_loss_fn, make_logps_fn, model_inputs
 from jaxlab.posttrain.rewards import CompositeReward
 from jaxlab.posttrain.rollout import (RolloutBatch, ToolEnv, _is_policy, decode_completion, multi_turn,
                                       sampler_policy)
@@ -55,7 +56,8 @@ class RolloutSpec:
     num_generations: G rollouts per prompt.
     max_new_tokens: tokens per turn.
     temperature, top_k, top_p: sampling settings of the KV-cache sampler.
-    stop_tokens: the sampler's stop tokens (e.g. (eos_id,)); a rollout counts as stopped when one ends it.
+    stop_tokens: the sampler's stop tokens (e.g. (eos_id,)); a rollout counts as stopped when one ends it. With
+      several turns, sampling also stops at tool_end_id (the turn hands over to the environment).
     pad_id: padding token.
     env: a `ToolEnv` answering tool calls (needed with max_turns > 1).
     max_turns: the turn limit.
@@ -64,6 +66,10 @@ class RolloutSpec:
     memory_placeholder: tokens standing in for each forgotten observation (None = drop them).
     width: training-row width (default: the longest prompt + max_new_tokens with one turn; required with
       several turns, whose observations have no known bound).
+    batch_bucket: the sampler's batch is padded to a multiple of this (fewer compiled shapes over turns).
+    row_bucket: GRPO's training rows are padded to a multiple of this with empty rows (no loss tokens, so the
+      loss is unchanged): with a memory window the number of rows (one per turn) varies from step to step,
+      and every new count would compile the update again.
   """
   num_generations: int = 8
   max_new_tokens: int = 64
@@ -78,6 +84,8 @@ class RolloutSpec:
   memory_window: int | None = None
   memory_placeholder: tuple[int, ...] | None = None
   width: int | None = None
+  batch_bucket: int = 1
+  row_bucket: int = 1
 
   def __post_init__(self):
     if self.num_generations < 1 or self.max_new_tokens < 1 or self.max_turns < 1:
@@ -95,16 +103,21 @@ class RolloutSpec:
     return self.width if self.width is not None else max(len(p) for p in prompts) + self.max_new_tokens
 
   def rollout(self, model, prompts: Sequence[Sequence[int]], key: jax.Array,
-              num_generations: int | None = None, width: int | None = None) -> RolloutBatch:
-    """Rollouts of `model` (a `jaxlab.lm.Transformer` or a policy callable) on `prompts`."""
+              num_generations: int | None = None, width: int | None = None,
+              prompt_inputs: dict[str, np.ndarray] | None = None) -> RolloutBatch:
+    """Rollouts of `model` (a `jaxlab.lm.Transformer` / `VisionLM` or a policy callable) on `prompts`, with
+    optional per-prompt model inputs (e.g. images, (num_prompts, ...))."""
     policy = model
     if not _is_policy(model):
+      # A turn also ends at the tool-call close tag (the environment answers it); the episode at a stop token.
+      turn_ends = tuple(self.stop_tokens) + ((self.tool_end_id,) if self.max_turns > 1 else ())
       policy = sampler_policy(model, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, stop_tokens=self.stop_tokens, pad_id=self.pad_id)
+                              top_p=self.top_p, stop_tokens=turn_ends, pad_id=self.pad_id,
+                              batch_bucket=self.batch_bucket)
     return multi_turn(policy, prompts, num_generations or self.num_generations, key=key, env=self.env,
                       max_turns=self.max_turns, tool_end_id=self.tool_end_id, memory_window=self.memory_window,
                       memory_placeholder=self.memory_placeholder, width=width, pad_id=self.pad_id,
-                      stop_tokens=self.stop_tokens)
+                      stop_tokens=self.stop_tokens, prompt_inputs=prompt_inputs)
 
 
 # ----------------------------------------------------------------------------------------------------- SFT
@@ -129,6 +142,11 @@ def sft_config(config: ml_collections.ConfigDict, *, num_steps: int, learning_ra
   return c
 
 
+def _apply(model, batch):
+  """The SFT forward: `jaxlab.lm.sft.default_apply` plus the batch's extra model inputs (e.g. images)."""
+  return model(batch["inputs"], batch["positions"], segment_ids_bl=batch["segment_ids"], **model_inputs(batch))
+
+
 def sft(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, rows: dict[str, np.ndarray], *,
         num_steps: int, learning_rate: float, batch_size: int, warmup_steps: int = 0, init_params: Any = None,
         ema_decay: float = 0.0, stop_every: int = 0, stop_when: Callable[[Any], bool] | None = None
@@ -139,7 +157,8 @@ def sft(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, row
     config: the run's config (train section: optimizer, checkpoints; mesh and sharding rules).
     workdir: the sub-run's directory (resumed when it holds a checkpoint).
     modeldef: the model.
-    rows: {"inputs", "targets", "loss_mask", "positions", "segment_ids"} (`jaxlab.lm.sft_data`).
+    rows: {"inputs", "targets", "loss_mask", "positions", "segment_ids"} (`jaxlab.lm.sft_data`), plus any extra
+      model inputs per row (`grpo.MODEL_INPUT_KEYS`, e.g. a VLM's "images").
     num_steps, learning_rate, batch_size, warmup_steps: the schedule (`sft_config`).
     init_params: starting parameters (None: fresh init from config.seed).
     ema_decay: > 0: train with a parameter moving average (`optim.with_param_ema`) and return it.
@@ -160,7 +179,8 @@ def sft(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, row
     return bool(stop_when(model))
 
   wrap = (lambda tx: optim.with_param_ema(tx, ema_decay)) if ema_decay else None
-  res = fit(c, workdir, model_fn=modeldef.model_fn, loss_fn=sft_lib.make_loss_fn(), train_source=ArraySource(rows),
+  res = fit(c, workdir, model_fn=modeldef.model_fn, loss_fn=sft_lib.make_loss_fn(_apply),
+            train_source=ArraySource(rows),
             initial_params=init_params, hooks=(reached,), wrap_optimizer=wrap)
   return jax.device_get(params_of(res.state)), res.summary
 
@@ -173,15 +193,16 @@ def rejection_finetune(config: ml_collections.ConfigDict, workdir: str, model, m
                        tokenizer, *, spec: RolloutSpec, key: jax.Array, seq_len: int, num_steps: int,
                        learning_rate: float, batch_size: int, warmup_steps: int = 0, threshold: float = 1.0,
                        keep: Callable[[Sequence[str], Sequence[Any]], np.ndarray] | None = None,
-                       max_per_prompt: int | None = None, dedupe: bool = True, init_params: Any = None
-                       ) -> tuple[Any, dict]:
+                       max_per_prompt: int | None = None, dedupe: bool = True, init_params: Any = None,
+                       prompt_inputs: dict[str, np.ndarray] | None = None) -> tuple[Any, dict]:
   """Rejection-sampling fine-tuning: SFT on the model's own rewarded rollouts.
 
   `spec.num_generations` rollouts per prompt are drawn from `model` with `key`; a rollout is kept when its
   total reward is >= `threshold`, it stopped on its own, `keep(texts, problems)` (optional, e.g. a correct
   judgement on every dimension) holds, and (with `dedupe`) no earlier kept rollout of the same prompt has the
   same tokens; at most `max_per_prompt` per prompt. The kept rollouts' token rows (one per trajectory, or
-  one per turn with a memory window) become SFT rows with the loss on generated tokens only.
+  one per turn with a memory window) become SFT rows with the loss on generated tokens only. Per-prompt model
+  `prompt_inputs` (e.g. a VLM's images, (num_prompts, ...)) go to the rollouts and, row by row, into the SFT rows.
 
   Returns:
     (params, stats): the fine-tuned parameters (`init_params` when nothing was kept) and {"kept", "sampled",
@@ -190,7 +211,7 @@ def rejection_finetune(config: ml_collections.ConfigDict, workdir: str, model, m
   if len(prompts) != len(problems):
     raise ConfigError(f"rejection_finetune: {len(prompts)} prompts but {len(problems)} problems")
   g = spec.num_generations
-  roll = spec.rollout(model, prompts, key)
+  roll = spec.rollout(model, prompts, key, prompt_inputs=prompt_inputs)
   texts = [decode_completion(tokenizer, t) for t in roll.generated]
   refs = [p for p in problems for _ in range(g)]
   total = np.asarray(reward(texts, refs), np.float32)
@@ -218,7 +239,7 @@ def rejection_finetune(config: ml_collections.ConfigDict, workdir: str, model, m
   if long > seq_len + 1:
     raise ConfigError(f"rejection_finetune: a kept rollout has {long} tokens > seq_len + 1 = {seq_len + 1}; raise "
                       "seq_len")
-  rows = sft_data.pad_rows(seqs, seq_len, spec.pad_id)
+  rows = dict(sft_data.pad_rows(seqs, seq_len, spec.pad_id), **roll.row_inputs(prompt_inputs, chosen, g))
   params, _ = sft(config, workdir, modeldef, rows, num_steps=num_steps, learning_rate=learning_rate,
                   batch_size=batch_size, warmup_steps=warmup_steps, init_params=init_params)
   return params, stats
@@ -227,10 +248,24 @@ def rejection_finetune(config: ml_collections.ConfigDict, workdir: str, model, m
 # ---------------------------------------------------------------------------------------------------- GRPO
 
 
+def _pad_rows(batch: dict[str, np.ndarray], multiple: int, pad_id: int) -> dict[str, np.ndarray]:
+  """Rows padded to a multiple of `multiple` with empty rows (tokens pad_id, everything else 0: no loss tokens,
+  segment 0, advantage 0)."""
+  extra = -len(batch["tokens"]) % multiple
+  if not extra:
+    return batch
+  out = {}
+  for k, v in batch.items():
+    v = np.asarray(v)
+    fill = np.full((extra,) + v.shape[1:], pad_id if k == "tokens" else 0, v.dtype)
+    out[k] = np.concatenate([v, fill])
+  return out
+
+
 def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, ref_params: Any,
          prompts: Sequence[Sequence[int]], problems: Sequence[Any], reward: CompositeReward, tokenizer, *,
          gcfg: GRPOConfig, spec: RolloutSpec, key: jax.Array, seed: int | None = None,
-         shuffle_rewards: bool = False, init_params: Any = None) -> Any:
+         shuffle_rewards: bool = False, init_params: Any = None, prompt_inputs: dict[str, np.ndarray] | None = None) -> Any:
   """GRPO from `init_params` (default: `ref_params`, which are also the KL reference); returns the final
   TrainState.
 
@@ -240,7 +275,8 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
   `shuffle_rewards` the rows of components are permuted across the batch first, rng [seed, step, 1]) and
   takes gcfg.num_iterations optimizer steps on the batch (`make_grpo_loss_fn`). The optimizer is
   `config.train.optimizer` over config.train.num_steps * num_iterations updates. Runs in the mesh and rules
-  in context (the sampler and the log-prob passes read them from there too).
+  in context (the sampler and the log-prob passes read them from there too). Per-prompt model `prompt_inputs` (e.g.
+  a VLM's images, (num_prompts, ...)) go to the rollouts and to each training row.
   """
   t = config.train
   seed = config.seed if seed is None else int(seed)
@@ -270,7 +306,9 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
     step, idx = batch_idx
     model = modeldef.merge(state.params, state.model_state)
     model.eval()
-    roll = spec.rollout(model, [prompts[i] for i in idx], jax.random.fold_in(key, step), width=width)
+    step_inputs = {k: np.asarray(v)[idx] for k, v in (prompt_inputs or {}).items()}
+    roll = spec.rollout(model, [prompts[i] for i in idx], jax.random.fold_in(key, step), width=width,
+                        prompt_inputs=step_inputs)
     texts = [decode_completion(tokenizer, r) for r in roll.generated]
     refs = [problems[i] for i in idx for _ in range(g)]
     comps = reward.components(texts, refs)
@@ -278,7 +316,9 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
     if shuffle_rewards:
       used = comps[np.random.default_rng([seed, step, 1]).permutation(len(texts))]
     adv = multi_reward_advantages(used, reward.weights, g, gcfg.advantage_estimator, gcfg.per_reward_normalize)
-    batch = jax.device_put(roll.train_batch(adv), bsh)
+    batch = dict(roll.train_batch(adv), **roll.row_inputs(step_inputs, None, g))
+    batch = jax.device_put(_pad_rows(batch, math.lcm(spec.row_bucket, mesh_lib.data_split(mesh, rules)), spec.pad_id),
+                           bsh)
     if gcfg.beta > 0:
       batch["ref_logps"] = logps_fn(ref, state.model_state, batch)
     if gcfg.num_iterations > 1:

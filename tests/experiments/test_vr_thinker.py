@@ -1,0 +1,82 @@
+"""VR-Thinker (staged: anchors, check, cold starts, eval_cold, rft, rft_grpo, grpo, notool_grpo): end to end with
+resume, sharded = single device, the claims' paired bootstrap against a brute-force loop, clear config errors."""
+
+import numpy as np
+import pytest
+
+from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single
+from jaxlab import metrics, registry
+from jaxlab.errors import ConfigError
+
+SHORT = {"data.n_cold": 48, "data.n_train": 32, "data.n_test": 24, "cold.num_steps": 4, "cold.batch_size": 16,
+         "model.hidden": 32, "model.mlp_hidden": 64, "model.n_layers": 1, "grpo.num_generations": 2,
+         "train.batch_size": 4, "train.num_steps": 2, "train.checkpoint_every": 1, "train.log_every": 1,
+         "train.optimizer.warmup_steps": 1, "rft.prompts": 8, "rft.samples": 2, "rft.num_steps": 2,
+         "eval.batch_bucket": 8, "eval.row_bucket": 8, "mesh": (("data", 4), ("model", 2))}
+STAGES = ["anchors", "check", "cold_tool", "cold_notool", "eval_cold", "rft", "rft_grpo", "grpo", "notool_grpo"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("vr") / "reference"
+  check_resume("vr_thinker", wd, SHORT)
+  return wd, check_end_to_end("vr_thinker", wd, SHORT)
+
+
+def test_end_to_end_every_arm_and_resume(reference):
+  wd, s = reference
+  assert s["stages"] == STAGES and s["resumes"] == 1
+  assert s["anchor/bayes_no_tool"] == 0.625 and s["anchor/oracle"] == 1.0
+  assert s["anchor/oracle_simulated"] == 1.0                    # the scripted oracle through the real env
+  assert s["anchor/oracle_max_visual"] == s["anchor/window_bound"] == 32
+  assert s["check/obs_grad_max"] == 0.0 < s["check/target_grad_max"]
+  for arm in ("cold_tool", "cold_notool", "rft", "rft_grpo", "grpo", "notool_grpo"):
+    bits = s[f"eval/correct_{arm}"]
+    assert len(bits) == 24 and set(bits) <= {"0", "1"}
+    assert s[f"eval/acc_{arm}"] == pytest.approx(bits.count("1") / 24)
+    assert 0.0 <= s[f"eval/greedy_acc_{arm}"] <= 1.0
+  for arm in ("cold_tool", "rft", "rft_grpo", "grpo"):
+    assert s[f"eval/window_excess_{arm}"] <= 0
+  assert "eval/window_excess_notool_grpo" not in s
+  for arm in ("rft_grpo", "grpo", "notool_grpo"):
+    rows = metrics.read_metrics(str(wd / "stages" / arm))
+    assert [r["step"] for r in rows] == [1, 2] and np.isfinite(rows[-1]["rollout/reward"])
+    assert "rollout/acc_VQ" in rows[-1] and "rollout/format" in rows[-1]
+  assert "rollout/turns" in metrics.read_metrics(str(wd / "stages" / "grpo"))[-1]
+  assert "rollout/turns" not in metrics.read_metrics(str(wd / "stages" / "notool_grpo"))[-1]
+  assert (wd / "stages" / "rft" / "rft_stats.json").exists()
+
+
+def test_sharded_equals_single_device(tmp_path):
+  short = {**SHORT, "method.arms": ("grpo",)}
+  check_sharded_equals_single("vr_thinker", tmp_path, short)
+
+
+def test_paired_bootstrap_matches_a_brute_force_loop():
+  cfg = registry.load("vr_thinker").config_module
+  rng = np.random.default_rng(3)
+  runs = [{f"eval/correct_{a}": "".join(str(b) for b in (rng.random(400) < p).astype(int))
+           for a, p in (("rft_grpo", 0.8), ("cold_tool", 0.7))} for _ in range(3)]
+  point, low, high = cfg.paired(runs, "rft_grpo", "cold_tool", reps=2000)
+  diffs = [np.mean([int(x) - int(y) for x, y in zip(r["eval/correct_rft_grpo"], r["eval/correct_cold_tool"])])
+           for r in runs]
+  assert point == pytest.approx(np.mean(diffs), abs=1e-12)
+  se = np.sqrt(sum(np.var([int(x) - int(y) for x, y in zip(r["eval/correct_rft_grpo"], r["eval/correct_cold_tool"])])
+                   / 400 for r in runs)) / 3
+  assert low == pytest.approx(point - 1.96 * se, abs=0.3 * se) and high == pytest.approx(point + 1.96 * se,
+                                                                                        abs=0.3 * se)
+  assert cfg.paired(runs, "rft_grpo")[0] == pytest.approx(np.mean([r["eval/correct_rft_grpo"].count("1") / 400
+                                                                   for r in runs]))
+
+
+def test_config_errors():
+  exp = registry.load("vr_thinker")
+  with pytest.raises(ConfigError, match="rft_grpo starts from rft"):
+    exp.get_config("tiny", {"method.arms": ("rft_grpo",)})
+  with pytest.raises(ConfigError, match="initial < frames"):
+    exp.get_config("tiny", {"data.initial": 8})
+  with pytest.raises(ConfigError, match="noisy_share"):
+    exp.get_config("tiny", {"data.noisy_share": 1.5})
+  full = exp.get_config("full")
+  with pytest.raises(ConfigError, match="data.path"):
+    exp.config_module.check_inputs(full)
