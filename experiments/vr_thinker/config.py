@@ -53,7 +53,8 @@ def paired(runs, a: str, b: str | None = None, *, reps: int = 4000, level: float
 def _above_target(runs):
   """acc(rft_grpo) minus the claim-1 target c + (A* - c) / 2 (mean over seeds)."""
   r = runs[0]
-  return paired(runs, "rft_grpo")[0] - (r["anchor/bayes_no_tool"] + 0.5 * (r["anchor/oracle"] - r["anchor/bayes_no_tool"]))
+  return paired(runs, "rft_grpo")[0] - (r["anchor/bayes_no_tool"]
+                                       + 0.5 * (r["anchor/oracle"] - r["anchor/bayes_no_tool"]))
 
 
 def _notool_excess(runs):
@@ -106,7 +107,8 @@ def get_config(arg=None):
       noisy_share=0.5,          # cold-start traces that answer at once with a guess (the teacher's noise)
       seq_len=80))
   c.model = ml_collections.ConfigDict(dict(
-      hf_path="", vision_path="", tokenizer="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256, max_position=128,
+      hf_path="", vision_path="", tokenizer="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256,
+      max_position=128,
       dtype="float32", vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64, patch=4))
   c.cold = ml_collections.ConfigDict(dict(num_steps=400, batch_size=32, learning_rate=3e-3, warmup_steps=25))
   c.grpo = ml_collections.ConfigDict(dict(

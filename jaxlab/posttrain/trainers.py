@@ -265,7 +265,8 @@ def _pad_rows(batch: dict[str, np.ndarray], multiple: int, pad_id: int) -> dict[
 def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, ref_params: Any,
          prompts: Sequence[Sequence[int]], problems: Sequence[Any], reward: CompositeReward, tokenizer, *,
          gcfg: GRPOConfig, spec: RolloutSpec, key: jax.Array, seed: int | None = None,
-         shuffle_rewards: bool = False, init_params: Any = None, prompt_inputs: dict[str, np.ndarray] | None = None) -> Any:
+         shuffle_rewards: bool = False, init_params: Any = None,
+         prompt_inputs: dict[str, np.ndarray] | None = None) -> Any:
   """GRPO from `init_params` (default: `ref_params`, which are also the KL reference); returns the final
   TrainState.
 
