@@ -1,6 +1,8 @@
 """VR-Thinker (staged: anchors, check, cold starts, eval_cold, rft, rft_grpo, grpo, notool_grpo): end to end with
 resume, sharded = single device, the claims' paired bootstrap against a brute-force loop, clear config errors."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -81,3 +83,52 @@ def test_config_errors():
   full = exp.get_config("full")
   with pytest.raises(ConfigError, match="data.path"):
     exp.config_module.check_inputs(full)
+
+
+def test_full_scale_path_on_tiny_local_checkpoints(tmp_path):
+  """`data.source=json` with a composed VLM from local checkpoints (decoder + tower + a tokenizer.json holding the
+  format's words), no scripted cold start: RFT and GRPO run on preference records with text prompts."""
+  from flax import nnx
+  from PIL import Image
+  from jaxlab.encoders.vision_tower import VisionTower, VisionTowerConfig, save_hf
+  from jaxlab.lm import hf
+  from jaxlab.lm.model import Transformer, TransformerConfig
+  from jaxlab.lm.tokenizer import HFTokenizer, train_bpe
+  from jaxlab.posttrain import frame_select as fs
+  exp = registry.load("vr_thinker")
+  texts = ["a cat runs on the grass", "a red car turns left", "waves on a beach at sunset"] * 20
+  train_bpe(texts, 300, str(tmp_path / "bpe"))
+  task = exp.config_module.task(exp.get_config("tiny", {"data.frames": 4, "data.initial": 1}))
+  n = fs.add_format_tokens(task, str(tmp_path / "bpe"), str(tmp_path / "tok" / "tokenizer.json"))
+  tok = HFTokenizer.from_file(str(tmp_path / "tok"))
+  assert not fs.missing_format_tokens(task, tok) and tok.vocab_size == n
+  dec = Transformer(TransformerConfig(vocab_size=-(-n // 8) * 8, hidden=32, n_layers=1, n_heads=4, n_kv_heads=2,
+                                      mlp_hidden=64, max_position=256, tie_embeddings=True), rngs=nnx.Rngs(0))
+  hf.save_pretrained(dec, str(tmp_path / "dec"))
+  vis = VisionTowerConfig(arch="vit", hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=32, patch_size=8, image_size=16, num_channels=3)
+  save_hf(str(tmp_path / "vis"), vis, VisionTower(vis, rngs=nnx.Rngs(1)).hf_params())
+  rng = np.random.default_rng(0)
+  recs = []
+  for i in range(12):
+    for side in "AB":
+      folder = tmp_path / "videos" / f"{i}{side}"
+      folder.mkdir(parents=True)
+      for t in range(6):
+        Image.fromarray(rng.integers(0, 256, (20, 20, 3), dtype=np.uint8)).save(folder / f"{t:03d}.png")
+    recs.append({"prompt": texts[i], "path_A": f"videos/{i}A", "path_B": f"videos/{i}B",
+                 "VQ": "A" if i % 2 else "B"})
+  (tmp_path / "prefs.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+  over = {**SHORT, "data.source": "json", "data.path": str(tmp_path / "prefs.jsonl"), "data.frames": 4,
+          "data.initial": 1, "data.n_test": 4, "data.seq_len": 160, "cold.num_steps": 0,
+          "model.hf_path": str(tmp_path / "dec"), "model.vision_path": str(tmp_path / "vis"),
+          "model.tokenizer": str(tmp_path / "tok"), "method.arms": ("rft", "rft_grpo")}
+  c = exp.get_config("tiny", over)
+  s = exp.train_module.train_and_evaluate(c, str(tmp_path / "run"))
+  assert s["stages"] == ["eval_cold", "rft", "rft_grpo"] and s["num_test"] == 4 and s["num_train"] == 8
+  assert len(s["eval/correct_rft_grpo"]) == 4 and s["eval/window_excess_rft_grpo"] <= 0
+  with pytest.raises(ConfigError, match="scripted cold-start"):
+    exp.get_config("tiny", {**over, "cold.num_steps": 4})
+  with pytest.raises(ConfigError, match="special tokens"):
+    exp.train_module.train_and_evaluate(exp.get_config("tiny", {**over, "model.tokenizer": str(tmp_path / "bpe")}),
+                                        str(tmp_path / "run2"))
