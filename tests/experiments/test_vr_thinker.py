@@ -49,7 +49,7 @@ def test_end_to_end_every_arm_and_resume(reference):
   assert (wd / "stages" / "rft" / "rft_stats.json").exists()
 
 
-@pytest.mark.slow       # ~50 s; the default tests already run every stage on the 4 x 2 mesh (SHORT)
+@pytest.mark.slow       # ~1.5 min; the default tests already run every stage on the 4 x 2 mesh (SHORT)
 def test_sharded_equals_single_device(tmp_path):
   short = {**SHORT, "method.arms": ("grpo",)}
   check_sharded_equals_single("vr_thinker", tmp_path, short)
