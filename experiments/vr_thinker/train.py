@@ -211,13 +211,14 @@ class _Run:
     test, refs = self.data["test"], self.problems["test"]
     prompts = test["prompts"]
     inputs = {"images": test["images"]}
+    parse = fs.parse_trace(t)
     out = {}
     for mode, temp in (("", None), ("greedy_", 0.0)):
       roll = self.spec(tool, num_generations=1, temperature=temp).rollout(
           model, prompts, jax.random.key(int(c.seed) + 101), prompt_inputs=inputs)
       texts = [decode_completion(self.tok, g) for g in roll.generated]
       correct = fs.judgement_correct(t, texts, refs) > 0
-      valid = np.asarray([fs.parse_trace(t)(x).valid for x in texts])
+      valid = np.asarray([parse(x).valid for x in texts])
       visual = int((roll.tokens >= self.vcfg.image_token_base).sum(axis=1).max())
       out.update({f"eval/{mode}acc_{name}": float(correct.mean()), f"eval/{mode}format_{name}": float(valid.mean()),
                   f"eval/{mode}calls_{name}": float(np.mean([x.count("<tool>") for x in texts])),
@@ -276,9 +277,7 @@ class _Run:
       lp = jnp.pad(lp, ((0, 0), (1, 0)))
       return grpo_loss(lp, None, None, adv, mask, gcfg)[0]
 
-    logits_full = model(tokens[:, :-1], batch["positions"], segment_ids_bl=batch["segment_ids"],
-                        images=batch["images"])
-    g_grpo = jax.grad(grpo_of)(logits_full)
+    g_grpo = jax.grad(grpo_of)(logits)         # tokens[:, :-1] are the SFT inputs: the same forward
     worst = max(float(jnp.abs(g_sft)[ctx_pos].max()), float(jnp.abs(g_grpo)[ctx_pos].max()))
     return {"check/obs_grad_max": worst, "check/target_grad_max": float(jnp.abs(g_sft)[~ctx_pos].max()),
             "check/context_tokens": int(ctx_pos.sum())}
