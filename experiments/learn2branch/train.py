@@ -22,13 +22,12 @@ summary.json: "gcnn|mostfrac|random/acc<k>" (and "/depth" lists, "/upstream"), "
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
 import numpy as np
 
-from jaxlab import cache, progress
+from jaxlab import cache, metrics, progress
 from jaxlab import mesh as mesh_lib
 from jaxlab.milp import collect as collect_lib
 from jaxlab.milp import gcnn, imitation
@@ -113,9 +112,13 @@ def collect_stage(ctx) -> dict:
 
 # ------------------------------------------------------------------------------------------------ model
 
-def make_model(config, sample, rngs):
-  return gcnn.BipartiteGCNN(sample["row_feats"].shape[1], sample["col_feats"].shape[1],
-                            sample["edge_feats"].shape[1], emb=config.model.emb, rngs=rngs)
+def make_model(config, dims, rngs):
+  """The GCNN for feature sizes `dims` = (row, column, edge)."""
+  return gcnn.BipartiteGCNN(*dims, emb=config.model.emb, rngs=rngs)
+
+
+def _dims(sample) -> tuple[int, int, int]:
+  return sample["row_feats"].shape[1], sample["col_feats"].shape[1], sample["edge_feats"].shape[1]
 
 
 def _loss_fn(ties: bool):
@@ -126,21 +129,17 @@ def _loss_fn(ties: bool):
   return loss_fn
 
 
-def _multiple(mesh) -> int:
-  return mesh_lib.data_split(mesh)
-
-
 def train_stage(ctx) -> dict:
   config, mesh = ctx.config, ctx.mesh
   train = load_split(config, "train")
   valid = load_split(config, "valid")
   sizes = imitation.buckets(train + valid + load_split(config, "test"))
-  split = _multiple(mesh)
+  split = mesh_lib.data_split(mesh)
   if config.train.batch_size % split:
     raise ConfigError(f"config.train.batch_size={config.train.batch_size} is not divisible by the "
                               f"{split}-way data split of mesh {dict(mesh.shape)}")
   batches = imitation.Batches(train, config.train.batch_size, config.seed, sizes)
-  modeldef = ModelDef(lambda rngs: make_model(config, train[0], rngs))
+  modeldef = ModelDef(lambda rngs: make_model(config, _dims(train[0]), rngs))
   tx, schedule = make_optimizer(config.train.optimizer, config.train.num_steps)
   state, shardings = create_train_state(modeldef, tx, mesh, mesh_lib.current_rules(), config.seed)
   # Gasse's PreNorm pre-training: fitted on the first training batches, then frozen (deterministic, so a resumed
@@ -162,10 +161,10 @@ def train_stage(ctx) -> dict:
 
 
 def trained_model(ctx):
-  config = ctx.config
-  sample = load_split(config, "valid")[0]
-  modeldef = ModelDef(lambda rngs: make_model(config, sample, rngs))
   r = ctx.results["train"]
+  p = r["params"]     # the input layers' kernels give the feature sizes: no data to load
+  dims = (p["row_fc1"]["kernel"].shape[0], p["col_fc1"]["kernel"].shape[0], p["conv_c2r"]["edge"]["kernel"].shape[0])
+  modeldef = ModelDef(lambda rngs: make_model(ctx.config, dims, rngs))
   return modeldef.merge(r["params"], r["model_state"]), {k: int(v) for k, v in r["sizes"].items()}
 
 
@@ -177,7 +176,7 @@ def evaluate_stage(ctx) -> dict:
   model, sizes = trained_model(ctx)
   ks = tuple(config.eval.ks)
   per = {f"gcnn/{k}": v for k, v in imitation.policy_accuracy(model, test, ks, config.eval.batch_size, sizes,
-                                                               _multiple(ctx.mesh)).items()}
+                                                               mesh_lib.data_split(ctx.mesh)).items()}
   per.update(imitation.heuristic_accuracy(test, ks))
   depths = np.array([int(s["depth"]) for s in test])
   out = {"test/samples": len(test), "test/cands_mean": float(np.mean([len(s["cands"]) for s in test]))}
@@ -216,13 +215,9 @@ def _baseline(config, rule: str, i: int) -> dict:
                       "seed_offset": s.seed_offset})
   path = os.path.join(data_dir(config), "solves", f"{rule}_{i:04d}_{key}.json")
   if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
+    return metrics.read_json(path)
   res = scip_env.solve(held_out(config, i), rule, _settings(config, i))
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    json.dump(res, f)
-  os.replace(path + ".tmp", path)
+  metrics.write_json(path, res)
   return res
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from math import comb
 from typing import Mapping, Sequence
 
@@ -91,6 +92,7 @@ def policy_accuracy(model, samples: Sequence[Mapping], ks: Sequence[int] = (1, 5
   return {k: np.concatenate(v) for k, v in out.items()}
 
 
+@functools.lru_cache(maxsize=None)
 def _eval_fn(ks: tuple[int, ...]):
   import flax.nnx as nnx  # pylint: disable=g-import-not-at-top
 

@@ -272,8 +272,7 @@ def make_recorder(model, *, p_expert: float, rng: np.random.Generator, explore: 
       return {"result": scip.SCIP_RESULT.DIDNOTRUN}      # the next rule by priority branches
 
   rule = Recorder()
-  model.includeBranchrule(rule, "explore_then_sb", "Gasse's explore-then-strong-branch sampler",
-                          priority=10**7, maxdepth=-1, maxbounddist=1.0)
+  _include(model, rule, "explore_then_sb", "Gasse's explore-then-strong-branch sampler")
   return rule
 
 
@@ -303,8 +302,7 @@ def make_policy_rule(model, policy: Callable[[dict], int]):
       return {"result": scip.SCIP_RESULT.BRANCHED}
 
   rule = Policy()
-  model.includeBranchrule(rule, "policy", "a learned branching policy", priority=10**7, maxdepth=-1,
-                          maxbounddist=1.0)
+  _include(model, rule, "policy", "a learned branching policy")
   return rule
 
 
@@ -320,8 +318,13 @@ def make_fullstrong_rule(model, itlim: int | None = None):
       return {"result": scip.SCIP_RESULT.BRANCHED}
 
   rule = Full()
-  model.includeBranchrule(rule, "fullsb", "full strong branching", priority=10**7, maxdepth=-1, maxbounddist=1.0)
+  _include(model, rule, "fullsb", "full strong branching")
   return rule
+
+
+def _include(model, rule, name: str, desc: str) -> None:
+  """Adds `rule` above every SCIP rule, at all depths and nodes."""
+  model.includeBranchrule(rule, name, desc, priority=10**7, maxdepth=-1, maxbounddist=1.0)
 
 
 def _use_scip_rule(model, name: str) -> None:
@@ -376,8 +379,7 @@ def root_strong_branching(inst: instance_lib.Instance, itlim: int | None = None,
       model.interruptSolve()
       return {"result": scip.SCIP_RESULT.DIDNOTRUN}
 
-  model.includeBranchrule(Root(), "root_sb", "root strong branching", priority=10**7, maxdepth=-1,
-                          maxbounddist=1.0)
+  _include(model, Root(), "root_sb", "root strong branching")
   model.optimize()
   model.freeProb()
   return got
