@@ -23,6 +23,7 @@ summary.json: "gcnn|mostfrac|random/acc<k>" (and "/depth" lists, "/upstream"), "
 from __future__ import annotations
 
 import os
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -129,8 +130,23 @@ def _loss_fn(ties: bool):
   return loss_fn
 
 
-def train_stage(ctx) -> dict:
-  config, mesh = ctx.config, ctx.mesh
+class TrainSetup(NamedTuple):
+  """The train stage before its first step: the state has its PreNorm fitted; `batches(step)` is the packed
+  batch of a step; `sizes` the shape buckets of every split."""
+  modeldef: ModelDef
+  state: Any
+  shardings: Any
+  tx: Any
+  schedule: Any
+  batches: imitation.Batches
+  loss_fn: Any
+  batch_sharding: Any
+  sizes: dict
+  valid: list
+
+
+def setup_training(config, mesh) -> TrainSetup:
+  """The train stage's model, state, data and loss under `mesh` (entered by the caller)."""
   train = load_split(config, "train")
   valid = load_split(config, "valid")
   sizes = imitation.buckets(train + valid + load_split(config, "test"))
@@ -147,14 +163,22 @@ def train_stage(ctx) -> dict:
   model = modeldef.merge(*jax.device_get((state.params, state.model_state)))
   gcnn.fit_prenorm(model, [batches(i) for i in range(config.model.prenorm_batches)])
   state = state.replace(model_state=jax.device_put(ModelDef.split(model)[1], shardings.model_state))
-  bsh = mesh_lib.batch_sharding(mesh)
-  step = make_train_step(modeldef, _loss_fn(config.method.loss == "ties"), tx, schedule, shardings, bsh)
-  state, summary = run_loop(config, ctx.subdir(), state, shardings, step, lambda i: jax.device_put(batches(i), bsh))
-  model = modeldef.merge(*jax.device_get((state.params, state.model_state)))
-  acc = imitation.policy_accuracy(model, valid, config.eval.ks, config.eval.batch_size, sizes, split)
+  return TrainSetup(modeldef, state, shardings, tx, schedule, batches, _loss_fn(config.method.loss == "ties"),
+                    mesh_lib.batch_sharding(mesh), sizes, valid)
+
+
+def train_stage(ctx) -> dict:
+  config, mesh = ctx.config, ctx.mesh
+  t = setup_training(config, mesh)
+  step = make_train_step(t.modeldef, t.loss_fn, t.tx, t.schedule, t.shardings, t.batch_sharding)
+  state, summary = run_loop(config, ctx.subdir(), t.state, t.shardings, step,
+                            lambda i: jax.device_put(t.batches(i), t.batch_sharding))
+  model = t.modeldef.merge(*jax.device_get((state.params, state.model_state)))
+  acc = imitation.policy_accuracy(model, t.valid, config.eval.ks, config.eval.batch_size, t.sizes,
+                                  mesh_lib.data_split(mesh))
   out = {f"valid/{k}": float(v.mean()) for k, v in acc.items()}
   out["train/final_loss"] = float(summary.get("train/loss", np.nan))
-  out["sizes"] = sizes
+  out["sizes"] = t.sizes
   out["params"] = ModelDef.split(model)[0]
   out["model_state"] = ModelDef.split(model)[1]
   return out

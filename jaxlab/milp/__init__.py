@@ -9,7 +9,8 @@ highspy / pyscipopt are only imported by the functions that need them.
 Separate submodules, imported explicitly: the SCIP branching environment (`scip_env`: observations, strong
 branching, sampling and policy rules, solves), JAX-free collection workers with resumable shards (`collect`), the
 graph-convolutional branching policy (`gcnn`, JAX), imitation training / evaluation helpers (`imitation`, JAX) and
-node strata (`strata`: K-means with the elbow rule, scikit-learn).
+node strata (`strata`: K-means with the elbow rule, scikit-learn) and SC-MILP's training pieces (`sc`: the
+ramped contrastive weight, coarse-to-fine strata, the positive mask, imitation + SupCon).
 """
 
 from __future__ import annotations
