@@ -34,12 +34,15 @@ from jaxlab.milp import gcnn, strata as strata_lib
 from jaxlab.nn import contrastive
 
 
-def _progress(step, num_steps: int, ramp: float) -> jax.Array:
-  """min(1, step / (ramp * num_steps)) as a float32 scalar (step: an int or a traced scalar)."""
+def _progress(step, num_steps: int, ramp: float):
+  """min(1, step / (ramp * num_steps)): a float for an int step (no device work in a host loop), a float32 array
+  for a traced one."""
   if not 0 <= ramp <= 1:
     raise ValueError(f"ramp={ramp} must be in [0, 1] (the share of the steps the schedule takes)")
   if ramp == 0 or num_steps <= 0:
-    return jnp.float32(1.0)
+    return 1.0
+  if isinstance(step, (int, np.integer)):
+    return min(max(step / (ramp * num_steps), 0.0), 1.0)
   return jnp.clip(jnp.asarray(step, jnp.float32) / (ramp * num_steps), 0.0, 1.0)
 
 
@@ -53,7 +56,7 @@ def k_at(step: int, num_steps: int, k_start: int, k_final: int, ramp: float = 0.
   (rounded down)."""
   if not 1 <= k_start <= k_final:
     raise ValueError(f"need 1 <= k_start={k_start} <= k_final={k_final}")
-  return int(k_start + np.floor((k_final - k_start) * float(_progress(int(step), num_steps, ramp)) + 1e-6))
+  return int(k_start + np.floor((k_final - k_start) * _progress(int(step), num_steps, ramp) + 1e-6))
 
 
 @dataclasses.dataclass
@@ -74,12 +77,16 @@ class DynamicStrata:
   def fit(cls, node_feats: np.ndarray, depth: np.ndarray, num_steps: int, *, k_start: int = 2,
           ks: Sequence[int] = tuple(range(2, 9)), k_final: int | None = None, ramp: float = 0.5,
           seed: int = 0) -> DynamicStrata:
-    """Fits the strata on (N, F) summary features; `k_final` None: the elbow over `ks`."""
+    """Fits the strata on (N, F) summary features; `k_final` None: the elbow over `ks` (each k fitted once)."""
     x = np.asarray(node_feats, np.float64)
+    fits = {}
     if k_final is None:
-      k_final = strata_lib.fit_strata(x, depth, ks=ks, seed=seed).k
+      tried = [k for k in ks if k <= len(x)]
+      fits = {k: strata_lib.fit_strata(x, depth, seed=seed, k=k) for k in tried}
+      inertias = [fits[k].inertias[k] for k in tried]
+      k_final = strata_lib.elbow(inertias, tried) if len(tried) >= 3 else tried[0]
     k_final = max(k_final, k_start)
-    fits = {k: strata_lib.fit_strata(x, depth, seed=seed, k=k) for k in range(k_start, k_final + 1)}
+    fits = {k: fits.get(k) or strata_lib.fit_strata(x, depth, seed=seed, k=k) for k in range(k_start, k_final + 1)}
     labels = {k: f.assign(x) for k, f in fits.items()}
     return cls(fits, labels, num_steps, ramp)
 
