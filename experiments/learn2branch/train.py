@@ -93,21 +93,10 @@ def load_split(config, split: str) -> list[dict]:
 
 def collect_stage(ctx) -> dict:
   config = ctx.config
-  out, metas = {}, []
-  for split in SPLITS:
-    m = collect_lib.collect(jobs(config, split), os.path.join(data_dir(config), split), config.data.workers,
-                            desc=f"collect {split}")
-    metas += m
-    samples = sum(x["samples"] for x in m)
-    if samples == 0:
-      raise RuntimeError(f"the {split} instances gave no strong-branching samples (every instance solved at "
-                         "the root?): use larger instances or a higher config.data.p_expert")
-    out[f"collect/{split}/samples"] = samples
-    out[f"collect/{split}/instances"] = len(m)
+  out, _ = collect_lib.collect_splits({split: (jobs(config, split), os.path.join(data_dir(config), split))
+                                       for split in SPLITS}, config.data.workers)
   depths = np.concatenate([s["depth"][None] for s in load_split(config, "train")])
   out["collect/train/depth_hist"] = np.bincount(depths).tolist()
-  out["collect/jax_in_workers"] = any(m["jax_imported"] for m in metas)
-  out.update({f"collect/{k}": v for k, v in collect_lib.throughput(metas).items()})
   return out
 
 

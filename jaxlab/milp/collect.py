@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -195,6 +195,25 @@ def collect(jobs: Sequence[dict], out_dir: str, workers: int = 2, desc: str = "c
       raise RuntimeError(f"a collection worker failed (finished shards in {out_dir} are kept; rerun to continue):\n"
                          + bad[0][-3000:])
   return [json.loads(str(np.load(shard_path(out_dir, j["index"]))["meta"])) for j in jobs]
+
+
+def collect_splits(splits: Mapping[str, tuple[Sequence[dict], str]], workers: int = 2) -> tuple[dict, list[dict]]:
+  """Collects each split's jobs into its folder ({split: (jobs, out_dir)}, in order); returns (the summary
+  entries "collect/<split>/samples" and "/instances", "collect/jax_in_workers" and the `throughput` keys, every
+  job's meta). A split whose instances gave no labelled sample is a clear error."""
+  out, metas = {}, []
+  for split, (jobs, out_dir) in splits.items():
+    m = collect(jobs, out_dir, workers, desc=f"collect {split}")
+    metas += m
+    n = sum(x["samples"] for x in m)
+    if n == 0:
+      raise RuntimeError(f"the {split} instances gave no strong-branching samples (every instance solved at the "
+                         "root?): use larger instances or a higher config.data.p_expert")
+    out[f"collect/{split}/samples"] = n
+    out[f"collect/{split}/instances"] = len(m)
+  out["collect/jax_in_workers"] = any(x["jax_imported"] for x in metas)
+  out.update({f"collect/{k}": v for k, v in throughput(metas).items()})
+  return out, metas
 
 
 def throughput(metas: Sequence[dict]) -> dict[str, float]:

@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from flax import nnx
+
 from jaxlab.milp import gcnn, strata as strata_lib
 from jaxlab.nn import contrastive
 
@@ -134,9 +136,23 @@ def sc_loss(model: gcnn.BipartiteGCNN, head: contrastive.ProjectionHead, batch: 
   Returns:
     (loss, metrics): the imitation metrics plus "contrastive" (the unweighted SupCon term) and "lambda".
   """
-  loss, metrics = gcnn.imitation_loss(model, batch, ties=ties)
-  z = head(model.node_embedding(batch))
+  cols, rows = model.embeddings(*(batch[k] for k in gcnn.GRAPH_KEYS))     # one encoder pass for both terms
+  logits = model.head2(jax.nn.relu(model.head1(cols)))[..., 0]
+  loss, metrics = gcnn.imitation_loss(lambda *graph: logits, batch, ties=ties)
+  pool = gcnn._masked_mean  # pylint: disable=protected-access  (BipartiteGCNN.node_embedding's pooling)
+  emb = jnp.concatenate([pool(cols, batch["col_mask"]), pool(rows, batch["row_mask"])], -1)
+  z = head(emb)
   pos = positive_mask(batch["stratum"], batch.get("decision"), batch.get("origin"))
   con = contrastive.supcon_loss(z, pos, tau, weights=batch["sample_weight"])
   lam = jnp.asarray(lam, loss.dtype)
   return loss + lam * con, dict(metrics, contrastive=con, **{"lambda": lam})
+
+
+class GCNNWithHead(nnx.Module):
+  """The GCNN (`gcnn`) and the contrastive projection head (`head`, on its (2 emb) node embedding) as one module,
+  for the training state; the GCNN is built first from the same rngs, so its initialisation does not depend on
+  whether the head is used."""
+
+  def __init__(self, row_dim: int, col_dim: int, edge_dim: int, *, emb: int, proj_dim: int, rngs: nnx.Rngs):
+    self.gcnn = gcnn.BipartiteGCNN(row_dim, col_dim, edge_dim, emb=emb, rngs=rngs)
+    self.head = contrastive.ProjectionHead(2 * emb, 2 * emb, proj_dim, rngs=rngs)

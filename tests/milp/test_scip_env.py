@@ -189,6 +189,18 @@ def test_collection_workers_resume_and_never_import_jax(tmp_path):
   assert collect.throughput(again)["samples"] == collect.throughput(metas)["samples"]
 
 
+def test_collect_splits_summarises_each_split_and_refuses_an_empty_one(tmp_path):
+  out, metas = collect.collect_splits({"a": (_jobs(2), str(tmp_path / "a")), "b": (_jobs(1), str(tmp_path / "b"))},
+                                      workers=1)
+  assert out["collect/a/instances"] == 2 and out["collect/b/instances"] == 1 and len(metas) == 3
+  assert out["collect/a/samples"] + out["collect/b/samples"] == out["collect/samples"] > 0
+  assert out["collect/jax_in_workers"] is False
+  none = [collect.job(0, generator="setcover", sizes=dict(n_rows=100, n_cols=200, density=0.05), seed=(7, 0),
+                      p_expert=1e-9)]                         # never queries strong branching: no labelled node
+  with pytest.raises(RuntimeError, match="the empty instances gave no strong-branching samples"):
+    collect.collect_splits({"empty": (none, str(tmp_path / "empty"))}, workers=1)
+
+
 def test_collection_worker_failure_is_a_clear_error(tmp_path):
   bad = [collect.job(0, generator="nope", seed=(0,))]
   with pytest.raises(RuntimeError, match="a collection worker failed .* rerun to continue"):
