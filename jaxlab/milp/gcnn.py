@@ -192,15 +192,23 @@ class BipartiteGCNN(nnx.Module):
       return cols[0], rows[0]
     return self._encode(*graph)
 
+  def _logits(self, cols: jax.Array) -> jax.Array:
+    return self.head2(jax.nn.relu(self.head1(cols)))[..., 0]
+
   def __call__(self, row_feats, col_feats, edge_index, edge_feats, edge_mask) -> jax.Array:
     """Column logits (B, C) (or (C,) for one unbatched graph)."""
     cols, _ = self.embeddings(row_feats, col_feats, edge_index, edge_feats, edge_mask)
-    return self.head2(jax.nn.relu(self.head1(cols)))[..., 0]
+    return self._logits(cols)
 
   def node_embedding(self, batch: Mapping[str, Any]) -> jax.Array:
     """(B, 2 * emb) graph embedding: masked mean of column embeddings || masked mean of row embeddings."""
+    return self.logits_and_embedding(batch)[1]
+
+  def logits_and_embedding(self, batch: Mapping[str, Any]) -> tuple[jax.Array, jax.Array]:
+    """(column logits (B, C), node embedding (B, 2 * emb)) of a packed batch from one encoder pass."""
     cols, rows = self.embeddings(*(batch[k] for k in GRAPH_KEYS))
-    return jnp.concatenate([_masked_mean(cols, batch["col_mask"]), _masked_mean(rows, batch["row_mask"])], -1)
+    emb = jnp.concatenate([_masked_mean(cols, batch["col_mask"]), _masked_mean(rows, batch["row_mask"])], -1)
+    return self._logits(cols), emb
 
 
 def _masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:

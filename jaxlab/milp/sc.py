@@ -136,11 +136,8 @@ def sc_loss(model: gcnn.BipartiteGCNN, head: contrastive.ProjectionHead, batch: 
   Returns:
     (loss, metrics): the imitation metrics plus "contrastive" (the unweighted SupCon term) and "lambda".
   """
-  cols, rows = model.embeddings(*(batch[k] for k in gcnn.GRAPH_KEYS))     # one encoder pass for both terms
-  logits = model.head2(jax.nn.relu(model.head1(cols)))[..., 0]
+  logits, emb = model.logits_and_embedding(batch)                        # one encoder pass for both terms
   loss, metrics = gcnn.imitation_loss(lambda *graph: logits, batch, ties=ties)
-  pool = gcnn._masked_mean  # pylint: disable=protected-access  (BipartiteGCNN.node_embedding's pooling)
-  emb = jnp.concatenate([pool(cols, batch["col_mask"]), pool(rows, batch["row_mask"])], -1)
   z = head(emb)
   pos = positive_mask(batch["stratum"], batch.get("decision"), batch.get("origin"))
   con = contrastive.supcon_loss(z, pos, tau, weights=batch["sample_weight"])
