@@ -21,6 +21,7 @@ EXTRAS = {
     "timeseries": ["statsmodels>=0.14"],   # DF-Mamba's offline real series (co2)
     "ot": ["ott-jax>=0.5", "POT>=0.9"],     # Gaussian OT (SLOT-Align), exact W1 (diffusion subspaces)
     "milp": ["pyscipopt>=6.3", "highspy>=1.16"],   # SCIP 10 ships in the pyscipopt wheel (learned branching)
+    "llm": ["jinja2>=3.1"],   # chat templates of local checkpoints (jaxlab.llm)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0", "ipython>=8"]

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlab import checkpoint, configs, metrics, registry
-from jaxlab.errors import CheckpointError, DataError
+from jaxlab.errors import CheckpointError, ConfigError, DataError
 from jaxlab.state import ModelDef, TrainState
 from jaxlab.tts import pools, sample_pools
 
@@ -84,7 +84,9 @@ def test_clear_errors(ckpt_dir, tmp_path):
   with pytest.raises(DataError, match=r"bad.jsonl:2: needs a non-empty string 'prompt'"):
     sample_pools.read_prompts(str(bad))
   with pytest.raises(CheckpointError, match="no config.json"):
-    sample_pools.load_model(str(tmp_path))
+    sample_pools.main(["--model", str(tmp_path), "--prompts", _prompts(tmp_path), "--out", str(tmp_path / "o")])
+  with pytest.raises(ConfigError, match="name exactly one model"):
+    sample_pools.main(["--prompts", _prompts(tmp_path), "--out", str(tmp_path / "o")])
   out = tmp_path / "never.jsonl"
   with pytest.raises(DataError):
     sample_pools.main(["--workdir", ckpt_dir, "--prompts", str(bad), "--out", str(out)])
