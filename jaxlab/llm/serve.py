@@ -59,7 +59,8 @@ class Server(http.server.ThreadingHTTPServer):
     api_key: the key requests must carry (None: none needed).
   """
 
-  daemon_threads = True
+  daemon_threads = False     # request threads are joined by server_close(): none is left running at exit
+  block_on_close = True
 
   def __init__(self, backend: Backend, name: str, host: str = "127.0.0.1", port: int = 0, *,
                max_requests: int = 0, idle_timeout: float = 0.0, max_tokens_cap: int = 4096, fail_first: int = 0,
@@ -74,6 +75,7 @@ class Server(http.server.ThreadingHTTPServer):
     self.model_lock = threading.Lock()
     self.state_lock = threading.Lock()
     self._stopping = False
+    self._stopper: threading.Thread | None = None
 
   @property
   def url(self) -> str:
@@ -82,9 +84,18 @@ class Server(http.server.ThreadingHTTPServer):
 
   def stop_soon(self) -> None:
     """Shuts down from a request thread (shutdown() would wait for the loop that runs the request)."""
-    if not self._stopping:
+    with self.state_lock:
+      if self._stopping:
+        return
       self._stopping = True
-      threading.Thread(target=self.shutdown, daemon=True).start()
+      self._stopper = threading.Thread(target=self.shutdown)
+      self._stopper.start()
+
+  def server_close(self) -> None:
+    """Closes the socket and waits for the request threads and the stopper (so the process exits cleanly)."""
+    super().server_close()
+    if self._stopper is not None:
+      self._stopper.join()
 
   def service_actions(self) -> None:   # called by serve_forever between requests
     if self.idle_timeout and time.monotonic() - self.last_request > self.idle_timeout:
@@ -94,6 +105,7 @@ class Server(http.server.ThreadingHTTPServer):
 class _Handler(http.server.BaseHTTPRequestHandler):
   server: Server
   protocol_version = "HTTP/1.1"
+  timeout = 30        # an idle keep-alive connection is closed after this many seconds
 
   def log_message(self, fmt, *args):   # quiet: one line per request only on errors
     pass
@@ -168,8 +180,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
       return
     with srv.state_lock:
       srv.answered += 1
-      if srv.max_requests and srv.answered >= srv.max_requests:
-        srv.stop_soon()
+      done = bool(srv.max_requests and srv.answered >= srv.max_requests)
+    if done:
+      self.close_connection = True
+      srv.stop_soon()
 
   def _complete(self, body: dict, chat: bool) -> dict[str, Any]:
     srv = self.server

@@ -119,7 +119,7 @@ def test_retries_on_429_then_stops_by_itself(servers):
   [c] = client.complete("hello", max_tokens=4)                 # two 429s, then an answer
   assert client.retries == 2 and isinstance(c.text, str)
   client.complete("hello", max_tokens=4)                       # the second answer: --max_requests 2
-  assert proc.wait(timeout=30) == 0
+  assert proc.wait(timeout=30) == 0, proc.stderr.read()[-2000:]
   with pytest.raises(ServerUnavailableError, match=r"did not answer /completions after 2 tries \(last: "
                      r"(ConnectionRefusedError|.*refused)"):
     OpenAICompatBackend(url, "tiny-chat", max_retries=1, backoff=0.01).complete("hello")
