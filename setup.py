@@ -22,9 +22,12 @@ EXTRAS = {
     "ot": ["ott-jax>=0.5", "POT>=0.9"],     # Gaussian OT (SLOT-Align), exact W1 (diffusion subspaces)
     "milp": ["pyscipopt>=6.3", "highspy>=1.16"],   # SCIP 10 ships in the pyscipopt wheel (learned branching)
     "llm": ["jinja2>=3.1"],   # chat templates of local checkpoints (jaxlab.llm)
+    "rl": ["dm-control==1.0.50", "mujoco==3.17.0"],   # dm_control suite (jaxlab.rl.envs); MuJoCo 4 breaks suite.load
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0", "ipython>=8"]
+# Not in "all": gymnax pins jax below the next releases (jaxlab.rl.envs.gymnax).
+EXTRAS["gymnax"] = ["gymnax>=1.0"]
 # Not in "all" (large): TFDS's glue / super_glue builders need TensorFlow (CurvZO's full-scale configs).
 EXTRAS["glue"] = ["tensorflow>=2.15"]
 

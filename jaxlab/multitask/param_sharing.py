@@ -1,0 +1,49 @@
+"""Parameter sharing across group models stacked on a leading axis: subsets by path, soft averaging.
+
+    mask = select(params, r"^(enc/0|dec/\\d+)/")         # a pytree of bools: which leaves are exchanged
+    stacked = soft_average(stacked, mask, tau=0.1)        # theta_m <- (1 - tau) theta_m + tau mean_m' theta_m'
+
+Paths join dict keys and list indices with "/" ("enc/0/w"). TaskLoom's second stage exchanges such a coarse
+subset across the group models; `tau` = 1 makes the subset fully shared.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+
+
+def paths(tree) -> list[str]:
+  """The "/"-joined path of every leaf, in `jax.tree.leaves` order."""
+  out = []
+  for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    parts = []
+    for p in path:
+      parts.append(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))))
+    out.append("/".join(parts))
+  return out
+
+
+def select(tree, pattern: str):
+  """A pytree of Python bools: True for the leaves whose path matches `pattern` (re.search)."""
+  rx = re.compile(pattern)
+  flags = [bool(rx.search(p)) for p in paths(tree)]
+  return jax.tree.unflatten(jax.tree.structure(tree), flags)
+
+
+def soft_average(stacked, mask, tau: float):
+  """Moves the selected leaves of each model (leading axis) towards their mean over the models by `tau`."""
+  def mix(x, m):
+    if not m:
+      return x
+    return (1.0 - tau) * x + tau * jnp.mean(x, axis=0, keepdims=True)
+  return jax.tree.map(mix, stacked, mask)
+
+
+def count(tree, mask=None) -> int:
+  """Number of scalars in the (selected) leaves."""
+  leaves = jax.tree.leaves(tree)
+  flags = [True] * len(leaves) if mask is None else jax.tree.leaves(mask)
+  return int(sum(x.size for x, f in zip(leaves, flags) if f))
