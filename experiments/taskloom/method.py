@@ -14,8 +14,6 @@ model m on rows of the tasks assigned to it (`assign[t] = m`), with the same row
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -99,14 +97,9 @@ def all_windows(data: dict, length: int) -> dict:
           "reward": data["reward"][t, ep[None, :, None], idx[None, :, :-1]]}
 
 
-def _row_tasks(assign: np.ndarray, num_models: int, rows: int, key) -> jax.Array:
-  """(M, rows) task ids: each model's rows drawn uniformly from its tasks (round robin, shuffled)."""
-  out = []
-  for m in range(num_models):
-    members = np.flatnonzero(assign == m)
-    reps = np.resize(members, rows)
-    out.append(jax.random.permutation(jax.random.fold_in(key, m), jnp.asarray(reps)))
-  return jnp.stack(out)
+def _member_rows(assign: np.ndarray, num_models: int, rows: int) -> np.ndarray:
+  """(M, rows) task ids: each model's tasks repeated round robin (shuffled per step inside the jitted step)."""
+  return np.stack([np.resize(np.flatnonzero(assign == m), rows) for m in range(num_models)])
 
 
 class Trainer:
@@ -121,9 +114,13 @@ class Trainer:
       return wm.sequence_loss(params, wcfg, batch)[0]
     self.loss = loss
 
-    @functools.partial(jax.jit, static_argnames=("rows",))
-    def step(params, opt_state, key, row_tasks, rows):
-      del rows
+    @jax.jit
+    def step(params, opt_state, key, members):
+      # Each model's rows: its tasks round robin, permuted with fold_in(fold_in(key, 1), m).
+      row_key = jax.random.fold_in(key, 1)
+      row_tasks = jax.vmap(lambda m, r: jax.random.permutation(jax.random.fold_in(row_key, m), r))(
+          jnp.arange(members.shape[0]), members)
+
       def one(p, o, tids, k):
         batch = windows(train_data, k, tids, self.length)
         val, g = jax.value_and_grad(loss)(p, batch)
@@ -141,11 +138,10 @@ class Trainer:
     """`steps` steps from step `start`; returns (params, opt state, last losses (M,))."""
     num_models = int(jax.tree.leaves(stacked)[0].shape[0])
     rows = max(1, self.config.train.batch_size * len(assign) // num_models)
+    members = jnp.asarray(_member_rows(assign, num_models, rows))
     losses = None
     for i in range(start, start + steps):
-      k = jax.random.fold_in(key, i)
-      row_tasks = _row_tasks(assign, num_models, rows, jax.random.fold_in(k, 1))
-      stacked, opt_state, losses = self._step(stacked, opt_state, k, row_tasks, rows=rows)
+      stacked, opt_state, losses = self._step(stacked, opt_state, jax.random.fold_in(key, i), members)
       if exchange is not None and exchange_every and (i + 1) % exchange_every == 0 and num_models > 1:
         stacked = param_sharing.soft_average(stacked, exchange, tau)
     return stacked, opt_state, losses
@@ -193,14 +189,6 @@ def regroup_params(stacked, old_assign: np.ndarray, new_assign: np.ndarray):
     members = old_assign[new_assign == m]
     rows.append(jax.tree.map(lambda x: jnp.mean(x[jnp.asarray(members)], axis=0), stacked))
   return jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
-
-
-def truth_labels(tasks) -> np.ndarray:
-  return np.asarray(tasks.family)
-
-
-def exchange_mask(params, pattern: str):
-  return param_sharing.select(params, pattern) if pattern else None
 
 
 def ari(labels, truth) -> float:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import jax
 
+from jaxlab.multitask import param_sharing
 from jaxlab.rl import world_model as wm
 from jaxlab.train import run_stages
 
@@ -91,7 +92,7 @@ def grouped_stage(ctx):
   shared = method.stack(init, 1)
   opt = trainer.init_opt(shared)
   shared, opt, _ = trainer.run(shared, opt, np.zeros(t, np.int64), g.warmup, jax.random.fold_in(key, 2))
-  truth = method.truth_labels(tasks)
+  truth = np.asarray(tasks.family)
   warm = jax.tree.map(lambda x: x[0], shared)
   labels, sim, norm_labels, random_labels = method.task_gradient_groups(
       trainer, warm, trainer.data, config, jax.random.fold_in(key, 3), t, truth)
@@ -101,7 +102,7 @@ def grouped_stage(ctx):
   assign = labels.astype(np.int64)
   params = method.stack(warm, int(assign.max()) + 1)
   opt = trainer.init_opt(params)
-  mask = method.exchange_mask(warm, g.exchange)
+  mask = param_sharing.select(warm, g.exchange) if g.exchange else None
   done, regroups = g.warmup, 0
   while done < config.train.num_steps:
     chunk = config.train.num_steps - done

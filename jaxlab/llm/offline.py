@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from jaxlab.errors import ConfigError, DataError
 from jaxlab.llm.base import (Backend, BackendError, Completion, Prompt, ReplayMissError, Sampling, check_prompt,
-                             prompt_key, prompt_text)
+                             cut_at_stop, prompt_key, prompt_text)
 
 
 class ReplayBackend(Backend):
@@ -142,7 +142,6 @@ class ScriptedBackend(Backend):
 
 
 def _scripted(item, sampling: Sampling) -> Completion:
-  from jaxlab.llm.base import cut_at_stop  # pylint: disable=g-import-not-at-top
   if isinstance(item, Completion):
     return item
   if not isinstance(item, str):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from jaxlab.errors import ConfigError, DataError
 from jaxlab.opt_modeling import ir as ir_lib
@@ -108,7 +108,7 @@ def run_problem(problem_id: str, description: str, backend, settings: LoopSettin
     rounds.append(step)
     if not verifying or not step["findings"] or r == settings.rounds:
       break
-    feedback = "\n".join(f"{i + 1}. [{f['side']}/{f['check']}] {f['message']}" for i, f in enumerate(step["findings"]))
+    feedback = verify.summarize(step["findings"])
     model_text = text if step["parse_error"] else json.dumps(ir_lib.extract_json(text), indent=1, ensure_ascii=False)
     text = _ask(backend, prompts.corrector(description, model_text, feedback), settings,
                 f"{problem_id}/corrector/{r + 1}")
@@ -182,7 +182,3 @@ def _drop_torn_tail(path: str) -> None:
     cut = data.rfind(b"\n") + 1
     with open(path, "r+b") as f:
       f.truncate(cut)
-
-
-def answers(traces: Iterable[dict]) -> dict[str, float | None]:
-  return {t["id"]: t["answer"] for t in traces}

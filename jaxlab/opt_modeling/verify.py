@@ -448,7 +448,8 @@ def check_names(names: Sequence[str], side: str) -> list[str]:
   return list(names)
 
 
-def summarize(findings: Sequence[Finding]) -> str:
-  """The findings as the feedback text a corrector reads (one numbered line each)."""
-  return "\n".join(f"{i + 1}. [{f.side}/{f.check}] {f.message}" for i, f in enumerate(findings))
+def summarize(findings: Sequence[Finding | dict]) -> str:
+  """The findings (or their `to_json` dicts) as the feedback text a corrector reads (one numbered line each)."""
+  rows = [f.to_json() if isinstance(f, Finding) else f for f in findings]
+  return "\n".join(f"{i + 1}. [{f['side']}/{f['check']}] {f['message']}" for i, f in enumerate(rows))
 
