@@ -23,6 +23,11 @@ import numpy as np
 from jaxlab import configs, metrics, registry
 
 VOLATILE = ("wall_s", "resumes", "train/steps_per_sec", "mesh", "num_devices")
+VOLATILE_PREFIXES = ("speed/", "speedup/")    # measured throughputs (timings differ from run to run)
+
+
+def _volatile(key: str) -> bool:
+  return key in VOLATILE or key.startswith(VOLATILE_PREFIXES)
 
 
 def _run(name, workdir, overrides):
@@ -33,7 +38,7 @@ def _run(name, workdir, overrides):
 
 
 def _strip(summary):
-  return {k: v for k, v in summary.items() if k not in VOLATILE}
+  return {k: v for k, v in summary.items() if not _volatile(k)}
 
 
 def check_end_to_end(name: str, workdir, overrides: dict) -> dict:
@@ -67,7 +72,7 @@ def check_sharded_equals_single(name: str, tmp_path, overrides: dict, rtol: floa
     runs[label] = metrics.read_metrics(wd)
   assert len(runs["sharded"]) == len(runs["single"]) > 0
   for a, b in zip(runs["sharded"], runs["single"]):
-    keys = [k for k in a if k not in VOLATILE and k != "step" and isinstance(a[k], (int, float))]
+    keys = [k for k in a if not _volatile(k) and k != "step" and isinstance(a[k], (int, float))]
     assert keys and a["step"] == b["step"]
     np.testing.assert_allclose([a[k] for k in keys], [b[k] for k in keys], rtol=rtol, atol=1e-7,
                                err_msg=f"{name}: sharded vs single device at step {a['step']}")

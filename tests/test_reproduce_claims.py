@@ -15,6 +15,8 @@ NOT_REPRODUCED = {
                        "lf_every_seed fail, 3/5 pass); see its README"),
     "moe_calibration": ("claim 3's robust_cut fails: Robust MoE's worst-shift ECE is 1.36x MoCaE's, not <= 0.7x "
                         "(7/8 pass); see its README"),
+    "sar": ("the speed claim (images/s at 4 tokens/step >= 2.5x at 1) fails on 2 CPU cores (2.41x; 3.57x on an H200); "
+            "7/8 pass, FD(4/step) <= 1.3x FD(1/step) without margin (1.18); see its README"),
     "sc_milp": ("upstream_gain (+1.9 points, not +3; its bootstrap interval is above 0) and small_data_gain (+1.6, "
                 "not +3) fail, 2/4 pass; see its README"),
     "taskloom": ("the gradient-cosine grouping recovers the families on 3 of 5 seeds (ari_exact 0.6, ari_mean 0.72 "
