@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Sequence
 
@@ -27,6 +28,7 @@ from flax import nnx
 from jaxlab.ar import head as head_lib
 from jaxlab.ar import masks as masks_lib
 from jaxlab.ar import model as model_lib
+from jaxlab.nn import dit
 from jaxlab.nn import layers
 
 
@@ -43,7 +45,6 @@ class NextTokenRegressor(nnx.Module):
   """The same trunk run as a causal GPT on the reference stream, a linear map to the next token."""
 
   def __init__(self, config: model_lib.ARConfig, *, rngs: nnx.Rngs):
-    import dataclasses  # pylint: disable=g-import-not-at-top
     config = dataclasses.replace(config, teacher=False, mask="ref_causal")
     with nnx.use_eager_sharding(False):
       self.net = model_lib.SelfTokenTransformer(config, rngs=rngs)
@@ -54,11 +55,6 @@ class NextTokenRegressor(nnx.Module):
     """(B, N, D) predictions of every token from the tokens before it (teacher forcing)."""
     f, _ = self.net(x, y, jnp.arange(x.shape[1]), kind="ref_causal")
     return self.out(f)
-
-
-def drop_labels(key, y, rate: float, null: int):
-  """Labels replaced by the null class with probability `rate` (classifier-free guidance training)."""
-  return jnp.where(jax.random.uniform(key, y.shape) < rate, null, y)
 
 
 def jepa_loss(pred, target):
@@ -75,7 +71,7 @@ def sar_loss(model: SAR, x, y, key, *, group_sizes: Sequence[int] = (1, 2, 4, 8)
   kg, kd, kf = jax.random.split(key, 3)
   b, n, d = x.shape
   groups = masks_lib.random_groups(kg, b, n, group_sizes)
-  y_in = drop_labels(kd, y, label_drop, c.num_classes)
+  y_in = dit.drop_labels(kd, y, label_drop, c.num_classes)
   _, f = model.net(x, y_in, groups)
   l_flow = head_lib.flow_loss(model.head, x.reshape(b * n, d), f.reshape(b * n, -1), kf, batch_mul=batch_mul)
   metrics = {"loss_flow": l_flow}
@@ -134,7 +130,7 @@ class GroupedSampler:
   def __call__(self, labels, sizes: Sequence[int], key) -> jax.Array:
     """(B, N, token_dim) tokens for labels (B,) with the group `sizes` (summing to N)."""
     c = self.config
-    sizes = masks_lib._check_sizes(list(sizes), c.num_tokens)  # pylint: disable=protected-access
+    sizes = masks_lib.check_sizes(list(sizes), c.num_tokens)
     y = jnp.asarray(labels, jnp.int32)
     b = y.shape[0]
     if self.cfg != 1.0:

@@ -94,7 +94,8 @@ def groups_from_sizes(sizes: Sequence[int]) -> np.ndarray:
   return np.repeat(np.arange(len(sizes)), np.asarray(sizes, int)).astype(np.int32)
 
 
-def _check_sizes(sizes, n):
+def check_sizes(sizes, n: int) -> tuple[int, ...]:
+  """The group sizes as ints; ConfigError unless they are >= 1 and sum to the n tokens."""
   if sum(sizes) != n or min(sizes) < 1:
     raise ConfigError(f"group sizes {sizes} must be >= 1 and sum to the {n} tokens")
   return tuple(int(s) for s in sizes)
@@ -104,7 +105,7 @@ def fixed_sizes(n: int, k: int) -> tuple[int, ...]:
   """k tokens per step (the last step takes the remainder)."""
   if k < 1:
     raise ConfigError(f"tokens per step must be >= 1, got {k}")
-  return _check_sizes([k] * (n // k) + ([n % k] if n % k else []), n)
+  return check_sizes([k] * (n // k) + ([n % k] if n % k else []), n)
 
 
 def linear_sizes(n: int, steps: int) -> tuple[int, ...]:
@@ -150,7 +151,7 @@ def _round_sizes(real, n) -> tuple[int, ...]:
       j = int(np.argmax(sizes))
       sizes[j] -= 1 - sizes[i]
       sizes[i] = 1
-  return _check_sizes(sizes.tolist(), n)
+  return check_sizes(sizes.tolist(), n)
 
 
 def random_groups(key: jax.Array, batch: int, n: int, sizes: Sequence[int]) -> jax.Array:

@@ -39,6 +39,7 @@ from flax import nnx
 from jaxlab.ar import masks as masks_lib
 from jaxlab.errors import ConfigError
 from jaxlab.nn import attention as attention_lib
+from jaxlab.nn import dit
 from jaxlab.nn import layers
 
 ACT = ("batch", "length", "embed")
@@ -117,10 +118,6 @@ def _dense(i, o, names, c: ARConfig, rngs, *, bias=False, zero=False):
                       param_dtype=jnp.dtype(c.param_dtype), rngs=rngs)
 
 
-def _swiglu_width(hidden: int, ratio: float) -> int:
-  return -(-int(2 * ratio * hidden / 3) // 8) * 8
-
-
 class Block(nnx.Module):
   """Pre-RMSNorm attention with an explicit mask (optionally after cached keys) and a SwiGLU MLP."""
 
@@ -133,7 +130,7 @@ class Block(nnx.Module):
     self.v = _dense(c.hidden, (c.heads, c.head_dim), ("embed", "heads", None), c, rngs)
     self.o = _dense((c.heads, c.head_dim), c.hidden, ("heads", None, "embed"), c, rngs)
     self.mlp_norm = layers.RMSNorm(c.hidden, eps=1e-6, dtype=dt, param_dtype=pdt)
-    m = _swiglu_width(c.hidden, c.mlp_ratio)
+    m = dit._swiglu_width(c.hidden, c.mlp_ratio)  # pylint: disable=protected-access  (the DiT's SwiGLU width)
     self.gate = _dense(c.hidden, m, ("embed", "mlp"), c, rngs)
     self.up = _dense(c.hidden, m, ("embed", "mlp"), c, rngs)
     self.down = _dense(m, c.hidden, ("mlp", "embed"), c, rngs)
