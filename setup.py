@@ -25,7 +25,8 @@ EXTRAS = {
     "rl": ["dm-control==1.0.50", "mujoco==3.17.0"],   # dm_control suite (jaxlab.rl.envs); MuJoCo 4 breaks suite.load
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
-EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0", "ipython>=8"]
+EXTRAS["test"] = ["pytest>=7", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0", "ipython>=8",
+                  "librosa>=0.10", "mir_eval>=0.7"]   # independent references of jaxlab.audio (mel, BSS-Eval SDR)
 # Not in "all": gymnax pins jax below the next releases (jaxlab.rl.envs.gymnax).
 EXTRAS["gymnax"] = ["gymnax>=1.0"]
 # Not in "all" (large): TFDS's glue / super_glue builders need TensorFlow (CurvZO's full-scale configs).
