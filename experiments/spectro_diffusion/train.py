@@ -234,16 +234,24 @@ def plot(runs, workdirs, out_dir):
   cols = PLOT_PER_PROMPT
   fig, axes = plt.subplots(3, 4, figsize=(10, 7), squeeze=False)
   lo, hi = float(np.percentile(real, 1)), float(np.percentile(real, 99.5))
-  for r, (block, title) in enumerate(((real, "real"), (gen[:4 * cols], "generated"), (gen[4 * cols:], "generated"))):
+  rows = [("real", [real[i * cols:(i + 1) * cols] for i in range(4)], [[i] for i in range(4)])]
+  for d in (False, True):
+    blocks, prompts = [], []
+    for i in range(4):
+      sel = (toks[:, 0] == i) & ((toks[:, 1] >= 0) == d)
+      blocks.append(gen[sel])
+      prompts.append([i] + ([method.DRUMS] if d else []))
+    rows.append(("generated", blocks, prompts))
+  for r, (title, blocks, prompts) in enumerate(rows):
     for i in range(4):
       ax = axes[r][i]
-      imgs = block[i * cols:(i + 1) * cols]
-      ax.imshow(np.concatenate(list(imgs), axis=1), origin="lower", aspect="auto", vmin=lo, vmax=hi, cmap="magma")
-      tok = toks[(r - 1) * 4 * cols + i * cols] if r else [i]
-      ax.set_title(f"{title}: " + " + ".join(method.VOCAB[t] for t in tok if t >= 0), fontsize=8)
+      if len(blocks[i]):
+        ax.imshow(np.concatenate(list(blocks[i]), axis=1), origin="lower", aspect="auto", vmin=lo, vmax=hi,
+                  cmap="magma")
+      ax.set_title(f"{title}: " + " + ".join(method.VOCAB[t] for t in prompts[i]), fontsize=8)
       ax.set_xticks([])
       ax.set_yticks([])
-  fig.suptitle(f"log-mel spectrograms ({real.shape[1]} mel bands x {real.shape[2]} frames each; first seed)",
+  fig.suptitle(f"log spectrograms ({real.shape[1]} bands x {real.shape[2]} frames each; first seed)",
                fontsize=9)
   fig.tight_layout()
   paths = [save(fig, out_dir, "spectro_samples.png")]
