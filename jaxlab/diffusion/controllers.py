@@ -15,6 +15,15 @@ model passes no hook at all, so outputs are bit-identical to an uncontrolled mod
   half's, in the chosen layers and timestep range, so those tokens attend where they did in the source.
   P2P copies the post-softmax maps of the whole prompt; copying chosen pre-softmax columns is the form a logit
   hook allows (with all columns copied the two are the same).
+* `calibrate`: Polyphonia's acoustic-informed attention calibration (Li et al., ICML 2026, arXiv 2605.10203: "source
+  interpolation + acoustic modulation" of the pre-softmax cross-attention logits with an ideal-ratio-mask prior;
+  the equation below is our reconstruction from the paper's description). With the batch as [source; target]
+  halves, a prior M in [0, 1] per query token (the target stem's share of that time-frequency cell) and the
+  target-stem token j* of each pair, the target half's logits become
+      l~ = (1 - M) l_src + M l_tgt            (source interpolation: outside the stem the source's attention)
+      l^_{j*} = l~_{j*} + gamma log(M + eps)   (acoustic modulation: the new stem token confined to the stem)
+  in the chosen layers and timestep range. `mode="probs"` applies the same rule after the softmax (a negative
+  control: the paper calibrates before it).
 * `compose`: controllers applied in order.
 """
 
@@ -22,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
 import jax.numpy as jnp
 
 from jaxlab.errors import ConfigError
@@ -88,6 +98,47 @@ def inject_source(tokens: Sequence[int], *, layers: Sequence[int] | None = None,
     sel = jnp.zeros((logits.shape[-1],), bool).at[jnp.asarray(cols)].set(True)
     new_tgt = jnp.where(on & sel, src, tgt)
     return jnp.concatenate([src, new_tgt], axis=0)
+  return control
+
+
+def calibrate(*, gamma: float = 1.0, eps: float = 1e-2, layers: Sequence[int] | None = None,
+              t_range: tuple[int, int] | None = None, mode: str = "logits") -> Controller:
+  """Polyphonia's calibration (see the module docstring) on a [source; target] batch.
+
+  ctx: "prior" (B/2, L) float in [0, 1], M per query token in the model's token order (a stem mask pooled to the
+  layer's grid); "target" (B/2,) int, the position j* of the edited stem's token in the prompt; for mode "probs"
+  also "mask" (B/2, S) bool, the prompt's valid tokens (the hook sees logits before the padding mask).
+  gamma = 0 turns the modulation off; a prior of ones reduces the rule to the plain target logits (up to
+  gamma log(1 + eps) on j*)."""
+  if mode not in ("logits", "probs"):
+    raise ConfigError(f"calibrate: mode={mode!r}; use 'logits' (the paper) or 'probs' (the post-softmax control)")
+  if eps <= 0 or gamma < 0:
+    raise ConfigError(f"calibrate: need eps > 0 and gamma >= 0, got eps={eps}, gamma={gamma}")
+  keep = None if layers is None else {int(i) for i in layers}
+
+  def control(logits, layer, step, ctx):
+    if keep is not None and layer not in keep:
+      return logits
+    for k in ("prior", "target") + (("mask",) if mode == "probs" else ()):
+      if k not in ctx:
+        raise ConfigError(f"calibrate: ctx needs {k!r} (see the docstring)")
+    src, tgt = _halves(logits)
+    prior = jnp.asarray(ctx["prior"], jnp.float32)
+    if prior.shape != (tgt.shape[0], tgt.shape[2]):
+      raise ConfigError(f"calibrate: prior {prior.shape} must be (pairs={tgt.shape[0]}, queries={tgt.shape[2]}); "
+                        "pool the mask to the layer's token grid")
+    m = prior[:, None, :, None]
+    sel = (jnp.arange(tgt.shape[-1])[None, :] == jnp.asarray(ctx["target"])[:, None])[:, None, None, :]
+    shift = gamma * jnp.log(m + eps) * sel
+    if mode == "logits":
+      new = (1.0 - m) * src + m * tgt + shift
+    else:
+      valid = jnp.asarray(ctx["mask"], bool)[:, None, None, :]
+      neg = jnp.finfo(jnp.float32).min
+      ps, pt = (jax.nn.softmax(jnp.where(valid, v, neg), axis=-1) for v in (src, tgt))
+      new = jnp.log((1.0 - m) * ps + m * pt + 1e-30) + shift
+    on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
+    return jnp.concatenate([src, jnp.where(on, new, tgt)], axis=0)
   return control
 
 
