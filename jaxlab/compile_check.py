@@ -1,0 +1,544 @@
+"""Full-scale configs proven before launch: ahead-of-time compile for a TPU slice, memory and FLOPs per chip.
+
+    python -m jaxlab.compile_check --config experiments/<paper>/config.py:full --topology v5p-64 \
+        [--config.key=value ...] [--margin 0.1] [--json OUT]
+    python -m jaxlab.compile_check --all [--topology T]        # every experiment that declares its targets
+
+Nothing is allocated and no accelerator is needed. The config's mesh is built over the devices of the
+topology (`jax.experimental.topologies`, libtpu's compile-only client: `pip install -e ".[tpu-aot]"`); the
+experiment's `compile_targets(config)` (in its train.py) returns its accelerator steps: the REAL jitted train
+step (`train_target`: `fit`'s optimizer, state shardings and `make_train_step`) and, where it has one, an eval
+or sampling step, each with abstract arguments carrying their shardings. Each is lowered and compiled by XLA
+for that TPU, and the report gives per chip:
+
+* parameter and optimizer-state bytes (from the state's shardings), the compiled program's argument, output
+  and temporary (activation) bytes (`compiled.memory_analysis()`), the total against the chip's HBM with a
+  margin (fits or not; when not, one line naming the largest buffers and a remedy);
+* FLOPs and bytes accessed per step (`compiled.cost_analysis()`, per device), the step time at peak
+  (max(FLOPs / peak FLOP/s, bytes / HBM bandwidth): a lower bound) and the model FLOPs utilisation that bound
+  implies (the target's analytic model FLOPs, e.g. 6 N tokens, over chips x peak x time);
+* the collectives in the optimized HLO by kind: count and bytes (an op inside a loop body, e.g. scanned
+  layers, is counted once).
+
+GPU targets (`--topology h100:8`, `h200:16`, `a100:8`: GPUs in all) are reported by lowering the step for the
+CUDA platform on host devices standing in for the GPUs (no compile) and an analytic memory estimate from the
+abstract shapes: parameters, gradients and optimizer state per GPU; activations are not estimated.
+
+HBM and peaks of the TPU generations: Google Cloud's TPU system-architecture pages (v4: 32 GiB, 275 TFLOP/s
+bf16, 1228 GB/s; v5e: 16 GiB, 197, 819; v5p: 95 GiB, 459, 2765; v6e: 32 GiB, 918, 1640), the numbers
+`jaxlab.bench` uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+from jaxlab import cli
+from jaxlab.errors import ConfigError
+
+# generation: (HBM GiB per chip, dense bf16 TFLOP/s per chip, HBM GB/s per chip, 3-D torus?)
+TPU_CHIPS = {"v4": (32.0, 275.0, 1228.0, True), "v5e": (16.0, 197.0, 819.0, False),
+             "v5p": (95.0, 459.0, 2765.0, True), "v6e": (32.0, 918.0, 1640.0, False)}
+# GPU: (HBM GiB, dense bf16 TFLOP/s, HBM GB/s): NVIDIA's H100 SXM / H200 / A100-80GB data sheets.
+GPUS = {"h100": (80.0, 989.0, 3350.0), "h200": (141.0, 989.0, 4800.0), "a100": (80.0, 312.0, 2039.0)}
+# Accelerator-type names count TensorCores on v4 / v5p (2 per chip) and chips on v5e / v6e.
+CORES_PER_NAME = {"v4": 2, "v5p": 2, "v5e": 1, "v5litepod": 1, "v6e": 1}
+_GRID_2D = {1: "1x1", 4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+_GRID_3D = {4: "2x2x1", 8: "2x2x2", 16: "2x2x4", 32: "2x4x4", 64: "4x4x4", 128: "4x4x8", 256: "4x8x8",
+            512: "8x8x8", 1024: "8x8x16", 2048: "8x16x16", 4096: "16x16x16"}
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+GiB = 1024 ** 3
+
+
+@dataclasses.dataclass
+class Topology:
+  """A compile target: TPU slice (compiled) or GPU host set (lowered only)."""
+  name: str            # as given, e.g. "v5p-64" or "v5e:2x2"
+  platform: str        # "tpu" | "cuda"
+  generation: str      # "v5p", "h100", ...
+  devices: list        # topology devices (TPU) or host stand-ins (GPU)
+  chips: int
+  hbm_bytes: float     # per device
+  peak_flops: float    # per device, FLOP/s
+  hbm_bw: float        # per device, bytes/s
+
+  @property
+  def num_devices(self) -> int:
+    return len(self.devices)
+
+
+@dataclasses.dataclass
+class Target:
+  """One accelerator step of an experiment, ready to lower.
+
+  Attributes:
+    name: e.g. "train_step", "sample".
+    fn: the jitted function (with its in/out shardings), as the run calls it.
+    args: abstract arguments (`jax.ShapeDtypeStruct`s carrying shardings) of one call.
+    state: the abstract TrainState (or parameter tree) whose per-chip bytes are reported as parameters and
+      optimizer state (optional).
+    model_flops: analytic model FLOPs of one call over all chips (e.g. 6 N tokens + attention), for MFU.
+  """
+  name: str
+  fn: Callable
+  args: tuple
+  state: Any = None
+  model_flops: float | None = None
+
+
+def train_target(config, model_fn, loss_fn, batch: Mapping[str, Any], *, wrap_optimizer=None,
+                 model_flops: float | None = None, name: str = "train_step") -> Target:
+  """The target of `fit`'s train step for `config` (in the mesh and rules in context).
+
+  Args:
+    config: the experiment's config (its `train` section builds the optimizer, as in `fit`).
+    model_fn: `rngs -> nnx.Module`, as given to `fit`.
+    loss_fn: as given to `fit`.
+    batch: the GLOBAL batch as `{name: jax.ShapeDtypeStruct}` (sharded over 'batch' here).
+    wrap_optimizer: as given to `fit`.
+    model_flops: analytic model FLOPs of one step (all chips), for the MFU column.
+    name: the target's name.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from jaxlab import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  from jaxlab.state import ModelDef, abstract_with_shardings, create_train_state  # pylint: disable=g-import-not-at-top
+  from jaxlab.train import optim, step as step_lib  # pylint: disable=g-import-not-at-top
+  mesh, rules = mesh_lib.current_mesh(), mesh_lib.current_rules()
+  # as `fit` builds them: the model description, the optimizer, the state's shardings and the jitted step
+  modeldef = ModelDef(model_fn)
+  tx, schedule = optim.make_optimizer(config.train.optimizer, config.train.num_steps)
+  if wrap_optimizer is not None:
+    tx = wrap_optimizer(tx)
+  found = []
+
+  def init():   # traced: nothing is allocated, and no eager op runs on the compile-only devices
+    state, shardings = create_train_state(modeldef, tx, mesh, rules, config.seed)
+    found.append(shardings)
+    return state
+
+  shapes = jax.eval_shape(init)
+  shardings = found[0]
+  state = abstract_with_shardings(shardings, shapes)
+  bsh = mesh_lib.batch_sharding(mesh, rules)
+  step = step_lib.make_train_step(modeldef, loss_fn, tx, schedule, shardings, bsh)
+  abstract_batch = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=bsh), dict(batch))
+  return Target(name, step, (state, abstract_batch), state=state, model_flops=model_flops)
+
+
+def lm_batch(batch_size: int, seq_len: int) -> dict[str, Any]:
+  """The abstract global batch of the LM trainers (`jaxlab.lm.sft_data`: packed rows)."""
+  import jax, jax.numpy as jnp  # pylint: disable=g-import-not-at-top,multiple-import
+  i32 = jax.ShapeDtypeStruct((batch_size, seq_len), jnp.int32)
+  return {"inputs": i32, "targets": i32, "positions": i32, "segment_ids": i32,
+          "loss_mask": jax.ShapeDtypeStruct((batch_size, seq_len), jnp.float32)}
+
+
+# ------------------------------------------------------------------------------------------- topologies
+
+
+def parse_topology(name: str) -> tuple[str, str, str]:
+  """`"v5p-64"` / `"v5e:2x2"` / `"h100:8"` -> (platform, generation, jax topology name or GPU count).
+
+  Raises:
+    ConfigError: on an unknown generation or a size with no standard slice shape.
+  """
+  text = name.strip().lower()
+  m = re.fullmatch(r"(h100|h200|a100)[:x-](\d+)", text)
+  if m:
+    return "cuda", m.group(1), m.group(2)
+  m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)[:](\d+(?:x\d+){1,2})", text)
+  if m:
+    gen = "v5e" if m.group(1) == "v5litepod" else m.group(1)
+    return "tpu", gen, f"{gen}:{m.group(2)}"
+  m = re.fullmatch(r"(v4|v5e|v5p|v6e|v5litepod)-(\d+)", text)
+  if m:
+    gen = "v5e" if m.group(1) == "v5litepod" else m.group(1)
+    count = int(m.group(2))
+    per = CORES_PER_NAME[m.group(1)]
+    chips, rem = divmod(count, per)
+    grid = (_GRID_3D if TPU_CHIPS[gen][3] else _GRID_2D).get(chips)
+    if rem or grid is None:
+      sizes = sorted(k * per for k in (_GRID_3D if TPU_CHIPS[gen][3] else _GRID_2D))
+      raise ConfigError(f"--topology {name}: no standard {gen} slice of that size; use one of "
+                        f"{', '.join(f'{gen}-{s}' for s in sizes[:10])}, or a shape such as {gen}:2x2")
+    return "tpu", gen, f"{gen}:{grid}"
+  raise ConfigError(f"--topology {name!r}: use a TPU slice (v4-8, v5e-16, v5p-64, v6e-256, or a shape such as "
+                    "v5e:2x2 / v5p:2x4x4) or GPUs (h100:8, h200:16, a100:8)")
+
+
+def topology(name: str) -> Topology:
+  """The devices and per-device limits of a topology (TPU through libtpu's compile-only client).
+
+  Raises:
+    ConfigError: unknown names; libtpu missing (says how to install it).
+  """
+  platform, gen, spec = parse_topology(name)
+  if platform == "cuda":
+    import jax  # pylint: disable=g-import-not-at-top
+    hbm, tflops, gbps = GPUS[gen]
+    n = int(spec)
+    host = jax.devices("cpu")
+    if len(host) < n:
+      raise ConfigError(f"--topology {name}: lowering for {n} GPUs needs {n} host devices standing in for them "
+                        f"({len(host)} here); run with XLA_FLAGS=--xla_force_host_platform_device_count={n}")
+    return Topology(name, "cuda", gen, host[:n], n, hbm * GiB, tflops * 1e12, gbps * 1e9)
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  if importlib.util.find_spec("libtpu") is None:
+    raise ConfigError("TPU ahead-of-time compiles need libtpu's compile-only client: pip install -e \".[tpu-aot]\" "
+                      "(installs jax[tpu]; no TPU is needed)")
+  os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  try:
+    devices = list(topologies.get_topology_desc(spec, platform="tpu").devices)
+  except Exception as e:  # pylint: disable=broad-except  (libtpu's errors are RuntimeErrors / XlaRuntimeErrors)
+    raise ConfigError(f"--topology {name}: libtpu could not describe {spec}: {str(e).splitlines()[0]}") from None
+  hbm, tflops, gbps, three_d = TPU_CHIPS[gen]
+  chips = math.prod(int(x) for x in spec.split(":")[1].split("x"))
+  per_chip = len(devices) / chips   # v4's description has one device per TensorCore
+  return Topology(name, "tpu", gen, devices, chips, hbm * GiB / per_chip, tflops * 1e12 / per_chip,
+                  gbps * 1e9 / per_chip)
+
+
+# ------------------------------------------------------------------------------------------- analysis
+
+
+def shard_bytes(tree: Any) -> int:
+  """Bytes one device holds of a tree of abstract arrays carrying shardings (unsharded leaves: whole)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  total = 0
+  for x in jax.tree.leaves(tree):
+    if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+      continue
+    shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+    total += math.prod(shape) * x.dtype.itemsize
+  return int(total)
+
+
+def largest_leaves(tree: Any, k: int = 3) -> list[tuple[str, int]]:
+  """The k largest per-device leaves of an abstract tree: [(path, bytes)]."""
+  import jax  # pylint: disable=g-import-not-at-top
+  out = []
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+      shape = x.sharding.shard_shape(x.shape) if getattr(x, "sharding", None) is not None else x.shape
+      out.append((jax.tree_util.keystr(path, simple=True, separator="/"), math.prod(shape) * x.dtype.itemsize))
+  return sorted(out, key=lambda kv: -kv[1])[:k]
+
+
+_SHAPE = re.compile(r"\b(pred|s4|u4|s8|u8|s16|u16|s32|u32|s64|u64|f16|bf16|f32|f64|f8e4m3fn|f8e5m2|c64|c128)"
+                    r"\[([0-9,]*)\]")
+_BITS = {"pred": 8, "s4": 4, "u4": 4, "s8": 8, "u8": 8, "s16": 16, "u16": 16, "s32": 32, "u32": 32, "s64": 64,
+         "u64": 64, "f16": 16, "bf16": 16, "f32": 32, "f64": 64, "f8e4m3fn": 8, "f8e5m2": 8, "c64": 64, "c128": 128}
+
+
+def _shape_bytes(text: str) -> list[int]:
+  return [math.prod(int(d) for d in dims.split(",") if d) * _BITS[t] // 8 for t, dims in _SHAPE.findall(text)]
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s+\((.*)\)\s+->\s+.*\{\s*$")
+_PARAM = re.compile(r"([\w.\-]+):\s+(\w+)\[([\d,]*)\]")
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%([\w.\-]+)\s+=\s+(.*?)\s([a-z][a-z0-9\-_]*)\(([^)]*)\)(.*)$")
+_ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]")
+
+
+def _dims(text: str) -> list[int]:
+  return [int(d) for d in text.split(",") if d]
+
+
+def hlo_totals(hlo_text: str) -> dict[str, Any]:
+  """Matrix-multiply FLOPs and collectives of an optimized HLO module, loop bodies weighted by trip count.
+
+  XLA's `cost_analysis()` counts a while loop's body once (scanned layers: once for all of them); here the
+  call graph is walked from the entry computation and a body with a known trip count (XLA's
+  `known_trip_count` backend config) is counted that many times. Counted: `dot` and `convolution` (TPU
+  rewrites dots as convolutions), 2 x output elements x contracted size; elementwise work is left out.
+
+  Returns:
+    {"matmul_flops": per-device FLOPs, "collectives": {kind: {"count", "bytes"}}, "loops": [trip counts]}.
+  """
+  comps: dict[str, list] = {}
+  consts: dict[str, list[int]] = {}
+  entry, current, shapes = None, None, {}
+  for line in hlo_text.splitlines():
+    m = _COMPUTATION.match(line)
+    if m:
+      current = m.group(1)
+      comps[current] = []
+      shapes = {n: (t, _dims(d)) for n, t, d in _PARAM.findall(m.group(2))}
+      if line.startswith("ENTRY"):
+        entry = current
+      continue
+    m = _INSTR.match(line) if current else None
+    if not m:
+      continue
+    name, shape, op, args, attrs = m.groups()
+    arr = _ARRAY.match(shape)
+    if arr:
+      shapes[name] = (arr.group(1), _dims(arr.group(2)))
+    operands = [shapes.get(a) for a in re.findall(r"%([\w.\-]+)", args)]
+    flops = 0.0
+    if op in ("dot", "convolution") and arr and len(operands) >= 2 and operands[0] and operands[1]:
+      out = math.prod(_dims(arr.group(2)))
+      if op == "dot":
+        cd = re.search(r"lhs_contracting_dims=\{([\d,]*)\}", attrs)
+        k = math.prod(operands[0][1][i] for i in _dims(cd.group(1))) if cd else 1
+      else:
+        # input features x the window taps that meet real input: TPU writes batched matmuls as convolutions
+        # whose batch dims are windows over an input dilated by the window size (one tap each)
+        # (and heads as windows over a padded size-1 input): a window dim counts the taps on real input
+        labels = re.search(r"dim_labels=(\w+)_(\w+)->", attrs)
+        kernel = operands[1][1]
+        k = math.prod(d for d, c in zip(kernel, labels.group(2)) if c == "i") if labels else 1
+        size = re.search(r"size=([\dx]+)", attrs)
+        dilate = re.search(r"lhs_dilate=([\dx]+)", attrs)
+        sizes = [int(v) for v in size.group(1).split("x")] if size else []
+        dil = [int(v) for v in dilate.group(1).split("x")] if dilate else [1] * len(sizes)
+        for i, (w, d) in enumerate(zip(sizes, dil)):
+          pos = labels.group(1).find(str(i)) if labels else -1
+          extent = (operands[0][1][pos] - 1) * d + 1 if 0 <= pos < len(operands[0][1]) else w
+          k *= -(-min(w, extent) // d)
+      flops = 2.0 * out * k
+    coll = None
+    if op in COLLECTIVES or (op.endswith("-start") and op[:-6] in COLLECTIVES):
+      sizes = _shape_bytes(shape)
+      if op.endswith("-start") and len(sizes) > 1 and len(sizes) % 2 == 0:
+        sizes = sizes[len(sizes) // 2:]
+      coll = (op.removesuffix("-start"), int(sum(sizes)))
+    calls = re.findall(r"calls=%([\w.\-]+)", attrs)
+    trip = 1
+    if op == "while":
+      calls = re.findall(r"body=%([\w.\-]+)", attrs)
+      t = re.search(r'known_trip_count"\s*:\s*\{\s*"n"\s*:\s*"(\d+)"', attrs)
+      cond = re.search(r"condition=%([\w.\-]+)", attrs)
+      trip = int(t.group(1)) if t else (cond.group(1) if cond else 1)   # else: the bound in its condition
+    if op == "constant" and re.fullmatch(r"-?\d+", args.strip()) and shape.startswith(("s32[]", "s64[]")):
+      consts.setdefault(current, []).append(int(args))
+    comps[current].append((flops, coll, calls, trip))
+
+  memo: dict[str, tuple] = {}
+
+  def total(comp: str, depth: int = 0):
+    if comp in memo:
+      return memo[comp]
+    flops, colls, loops = 0.0, {}, []
+    for f, coll, calls, trip in comps.get(comp, ()) if depth < 64 else ():
+      if isinstance(trip, str):   # a scan's counter runs from 0 below the constant its condition compares with
+        trip = max(consts.get(trip, [1]) + [1])
+      flops += f
+      if coll:
+        e = colls.setdefault(coll[0], {"count": 0, "bytes": 0})
+        e["count"] += 1
+        e["bytes"] += coll[1]
+      if trip > 1:
+        loops.append(trip)
+      for callee in calls:
+        cf, cc, cl = total(callee, depth + 1)
+        flops += trip * cf
+        loops += cl
+        for kind, e in cc.items():
+          mine = colls.setdefault(kind, {"count": 0, "bytes": 0})
+          mine["count"] += trip * e["count"]
+          mine["bytes"] += trip * e["bytes"]
+    memo[comp] = (flops, colls, loops)
+    return memo[comp]
+
+  flops, colls, loops = total(entry) if entry else (0.0, {}, [])
+  return {"matmul_flops": flops, "collectives": colls, "loops": loops}
+
+
+def _cost(compiled) -> dict[str, float]:
+  cost = compiled.cost_analysis()
+  if isinstance(cost, (list, tuple)):
+    cost = cost[0] if cost else {}
+  cost = cost or {}
+  return {"flops": float(cost.get("flops", 0.0)), "bytes": float(cost.get("bytes accessed", 0.0))}
+
+
+def check_target(target: Target, topo: Topology, margin: float = 0.1) -> dict[str, Any]:
+  """Lowers (and on TPU compiles) one target; returns its per-device report."""
+  row: dict[str, Any] = {"target": target.name, "topology": topo.name, "devices": topo.num_devices,
+                         "chips": topo.chips, "hbm_bytes": topo.hbm_bytes}
+  if target.state is not None:
+    params = getattr(target.state, "params", target.state)
+    opt = getattr(target.state, "opt_state", None)
+    row["num_params"] = int(sum(math.prod(x.shape) for x in _leaves(params)))
+    row["param_bytes"] = shard_bytes(params)
+    row["opt_bytes"] = shard_bytes(opt) if opt is not None else 0
+  if topo.platform == "cuda":
+    lowered = target.fn.trace(*target.args).lower(lowering_platforms=("cuda",))
+    row["lowered"] = bool(lowered.as_text())
+    grads = row.get("param_bytes", 0)
+    row["total_bytes"] = row.get("param_bytes", 0) + row.get("opt_bytes", 0) + grads
+    row["estimate"] = "parameters + gradients + optimizer state; activations not estimated"
+    row["fits"] = row["total_bytes"] <= topo.hbm_bytes * (1 - margin)
+    return row
+  lowered = target.fn.lower(*target.args)
+  try:
+    compiled = lowered.compile()
+  except Exception as e:  # pylint: disable=broad-except
+    # XLA refuses a program whose temporaries exceed the HBM: report it as not fitting, with its numbers.
+    m = re.search(r"temporaries \(([\d.]+)([KMGT]?)\)", str(e))
+    if "RESOURCE_EXHAUSTED" not in str(e) or m is None:
+      raise
+    temp = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2) or " ")
+    compiled = None
+    row.update(argument_bytes=shard_bytes(target.args), output_bytes=0, alias_bytes=0, temp_bytes=int(temp),
+               code_bytes=0, compile_error=str(e).strip().splitlines()[0])
+  else:
+    mem = compiled.memory_analysis()
+    row.update(argument_bytes=int(mem.argument_size_in_bytes), output_bytes=int(mem.output_size_in_bytes),
+               alias_bytes=int(mem.alias_size_in_bytes), temp_bytes=int(mem.temp_size_in_bytes),
+               code_bytes=int(mem.generated_code_size_in_bytes))
+  row["total_bytes"] = (row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+                        + row["code_bytes"])
+  row["fits"] = compiled is not None and row["total_bytes"] <= topo.hbm_bytes * (1 - margin)
+  if not row["fits"]:
+    row["advice"] = advice(row, target, topo, margin)
+  if compiled is None:
+    return row
+  cost = _cost(compiled)
+  totals = hlo_totals(compiled.as_text())
+  row["xla_flops"], row["bytes_accessed"] = cost["flops"], cost["bytes"]
+  row["matmul_flops"], row["loops"] = totals["matmul_flops"], totals["loops"]
+  row["flops"] = max(cost["flops"], totals["matmul_flops"])   # XLA's count has each loop body once
+  t_flops, t_bytes = row["flops"] / topo.peak_flops, cost["bytes"] / topo.hbm_bw
+  row["step_s_lower_bound"] = max(t_flops, t_bytes)
+  row["bound"] = "compute" if t_flops >= t_bytes else "memory"
+  if target.model_flops and row["step_s_lower_bound"] > 0:
+    row["model_flops"] = float(target.model_flops)
+    row["mfu_at_bound"] = target.model_flops / (topo.num_devices * topo.peak_flops * row["step_s_lower_bound"])
+  row["collectives"] = totals["collectives"]
+  return row
+
+
+def _leaves(tree):
+  import jax  # pylint: disable=g-import-not-at-top
+  return [x for x in jax.tree.leaves(tree) if hasattr(x, "shape")]
+
+
+def advice(row: Mapping[str, Any], target: Target, topo: Topology, margin: float) -> str:
+  """One line for a target that does not fit: the largest buffers and a remedy."""
+  limit = topo.hbm_bytes * (1 - margin)
+  parts = [f"{target.name} needs {row['total_bytes'] / GiB:.1f} GiB per device of {limit / GiB:.1f} GiB "
+           f"({topo.name}, {margin:.0%} margin)"]
+  state_b = row.get("param_bytes", 0) + row.get("opt_bytes", 0)
+  temp = row.get("temp_bytes", 0)
+  big = largest_leaves(target.state) if target.state is not None else []
+  if big:
+    parts.append("largest state buffers " + ", ".join(f"{p} {b / GiB:.2f} GiB" for p, b in big))
+  parts.append(f"activations (temporaries) {temp / GiB:.2f} GiB")
+  fixes = []
+  if state_b >= temp or state_b > limit / 2:
+    fixes.append("shard parameters and optimizer state over the data axis (--config.sharding_rules=fsdp) or use "
+                 "a larger slice")
+  if temp > state_b or temp > limit / 2:
+    fixes.append("rematerialise activations (the model's remat option) or lower the per-chip batch "
+                 "(--config.train.batch_size)")
+  parts.append("remedy: " + "; and ".join(fixes))
+  return "; ".join(parts)
+
+
+def check(config, topo: Topology, targets_fn: Callable[[Any], Sequence[Target]], margin: float = 0.1) -> list[dict]:
+  """Builds the config's mesh over the topology's devices and checks every target `targets_fn(config)` gives."""
+  from jaxlab import configs, mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  configs.check_devices(config, topo.num_devices)
+  with mesh_lib.use_config(config, topo.devices) as mesh:
+    rows = []
+    for target in targets_fn(config):
+      row = check_target(target, topo, margin)
+      row["mesh"] = dict(mesh.shape)
+      rows.append(row)
+  return rows
+
+
+def format_row(exp: str, row: Mapping[str, Any]) -> str:
+  """A human-readable block for one target."""
+  g = lambda b: f"{b / GiB:.2f} GiB"  # noqa: E731
+  lines = [f"{exp} {row['target']} on {row['topology']} ({row['devices']} devices, mesh {row.get('mesh')}): "
+           f"{'FITS' if row['fits'] else 'DOES NOT FIT'}"]
+  if "num_params" in row:
+    lines.append(f"  parameters {row['num_params'] / 1e6:.1f} M; per device: params {g(row['param_bytes'])}, "
+                 f"optimizer {g(row['opt_bytes'])}")
+  if "temp_bytes" in row:
+    lines.append(f"  compiled per device: arguments {g(row['argument_bytes'])}, outputs {g(row['output_bytes'])} "
+                 f"(aliased {g(row['alias_bytes'])}), activations/temporaries {g(row['temp_bytes'])}; total "
+                 f"{g(row['total_bytes'])} of {g(row['hbm_bytes'])} HBM")
+    if row.get("compile_error"):
+      lines.append(f"  XLA refused it: {row['compile_error']}")
+    else:
+      loops = f" (loops x{'/'.join(map(str, sorted(set(row['loops']))))} counted)" if row.get("loops") else ""
+      lines.append(f"  per device per step: {row['flops'] / 1e12:.3f} TFLOP{loops}, {row['bytes_accessed'] / 1e9:.2f} GB "
+                   f"accessed; step >= {row['step_s_lower_bound'] * 1e3:.2f} ms ({row['bound']}-bound)"
+                   + (f"; MFU at that bound {row['mfu_at_bound']:.0%}" if "mfu_at_bound" in row else ""))
+      coll = row.get("collectives") or {}
+      lines.append("  collectives: " + (", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.1f} MiB)"
+                                                  for k, v in sorted(coll.items())) or "none"))
+  else:
+    lines.append(f"  lowered for CUDA: {row.get('lowered')}; estimate per GPU {g(row['total_bytes'])} of "
+                 f"{g(row['hbm_bytes'])} ({row.get('estimate')})")
+  if "advice" in row:
+    lines.append("  " + row["advice"])
+  return "\n".join(lines)
+
+
+def run(config_spec: str | None, topology_name: str | None, overrides=(), margin: float = 0.1,
+        all_experiments: bool = False) -> list[dict]:
+  """Checks one config (or every experiment with `compile_targets`); returns the rows (one per target)."""
+  from jaxlab import registry  # pylint: disable=g-import-not-at-top
+  if all_experiments:
+    specs = []
+    for name in registry.names():
+      exp = registry.load(name)
+      if hasattr(exp.train_module, "compile_targets"):
+        specs.append((f"{name}:full", getattr(exp.config_module, "FULL_TOPOLOGY", None)))
+  else:
+    if not config_spec:
+      raise ConfigError("give --config experiments/<paper>/config.py:full (or --all)")
+    specs = [(config_spec, None)]
+  rows = []
+  for spec, default_topo in specs:
+    exp, config = registry.load_config(spec, overrides if not all_experiments else ())
+    fn = getattr(exp.train_module, "compile_targets", None)
+    if fn is None:
+      raise ConfigError(f"{exp.name} declares no compile targets (compile_targets(config) in its train.py)")
+    name = topology_name or default_topo or getattr(exp.config_module, "FULL_TOPOLOGY", None)
+    if not name:
+      raise ConfigError(f"{exp.name}: give --topology (the experiment names no FULL_TOPOLOGY)")
+    for row in check(config, topology(name), fn, margin):
+      row["experiment"] = exp.name
+      print(format_row(exp.name, row), flush=True)
+      rows.append(row)
+  return rows
+
+
+def main(argv: list[str]) -> int:
+  argv, overrides = cli.split_overrides(argv)
+  parser = argparse.ArgumentParser(prog="python -m jaxlab.compile_check", description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", help="experiments/<paper>/config.py:full (or <paper>:full)")
+  parser.add_argument("--topology", help="v5p-64, v5e-16, v4-32, v6e-256, v5e:2x2, or h100:8 (default: the "
+                      "experiment's FULL_TOPOLOGY)")
+  parser.add_argument("--all", action="store_true", help="every experiment that declares compile targets")
+  parser.add_argument("--margin", type=float, default=0.1, help="HBM fraction kept free (default 0.1)")
+  parser.add_argument("--json", help="also write the rows as JSON here")
+  args = parser.parse_args(argv)
+  if not 0 <= args.margin < 1:
+    raise ConfigError(f"--margin {args.margin}: give a fraction in [0, 1), e.g. 0.1")
+  rows = run(args.config, args.topology, overrides, args.margin, args.all)
+  if args.json:
+    with open(args.json + ".tmp", "w") as f:
+      json.dump(rows, f, indent=1, default=str)
+    os.replace(args.json + ".tmp", args.json)
+  return 0 if all(r["fits"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+  # Compile-only: the local backend is never used (TPU programs come from libtpu's compile-only client, GPU
+  # lowerings run on host devices), so a machine with libtpu installed does not try to open a TPU first.
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  cli.main_wrapper(main)
