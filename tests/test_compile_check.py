@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxlab import compile_check as cc
-from jaxlab import configs, mesh as mesh_lib, registry
+from jaxlab import configs, ledger, mesh as mesh_lib, registry
 from jaxlab.errors import ConfigError
 
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -52,6 +52,17 @@ def test_hlo_flops_weight_loop_bodies_by_trip_count():
   xla = compiled.cost_analysis()
   xla = xla[0] if isinstance(xla, (list, tuple)) else xla
   assert xla["flops"] < totals["matmul_flops"]   # XLA's own count has the loop body once
+
+
+def test_hlo_flops_count_a_conditional_as_its_costliest_branch():
+  m, n = 16, 64
+
+  def f(p, x, w):
+    return jax.lax.cond(p, lambda: x @ w @ w, lambda: x)
+
+  compiled = jax.jit(f).lower(True, jnp.zeros((m, n)), jnp.zeros((n, n))).compile()
+  assert "conditional" in compiled.as_text()
+  assert cc.hlo_totals(compiled.as_text())["matmul_flops"] == pytest.approx(2 * 2 * m * n * n, rel=0.01)
 
 
 def test_hlo_collectives_are_counted_with_bytes():
@@ -93,6 +104,24 @@ def test_full_configs_compile_for_a_v5e_slice(experiment):
 
 
 @needs_libtpu
+def test_lm_full_config_compiles_from_a_checkpoints_config_json(tmp_path):
+  """lm_sft:full on a v5e:2x2 slice, its model read from a checkpoint's config.json (no weights), FSDP."""
+  import json
+  hf_cfg = dict(cc.LLAMA_3_2_1B, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=64, vocab_size=1024)
+  (tmp_path / "config.json").write_text(json.dumps(hf_cfg))
+  rows = cc.run("lm_sft:full", "v5e:2x2", [f"model.hf_path={tmp_path}", "train.batch_size=8", "data.seq_len=256"])
+  assert [r["target"] for r in rows] == ["train_step"] and rows[0]["fits"]
+  row = rows[0]
+  attn = 2 * 256 * 256 + 2 * 256 * 128     # q, o: 4 heads x 64; k, v: 2 heads x 64
+  n = 1024 * 256 + 2 * (attn + 3 * 256 * 512 + 2 * 256) + 256   # tied embeddings, 2 blocks, final norm
+  assert row["num_params"] == n
+  assert row["param_bytes"] == pytest.approx(4 * n / 4, rel=0.05)   # float32 parameters sharded over 4 chips
+  assert row["collectives"].get("all-gather", {}).get("count", 0) > 0   # FSDP gathers the sharded weights
+  assert 0 < row["mfu_at_bound"] <= 1.0
+
+
+@needs_libtpu
 def test_llama_bench_memory_matches_the_analytic_count():
   """The 0.95B Llama of `jaxlab.lm.bench` (FSDP over 4 chips, remat): parameters + AdamW state per chip within
   10% of 12 bytes x N / 4, read both from the shardings and from XLA's compiled argument size."""
@@ -126,8 +155,35 @@ def test_a_config_that_does_not_fit_gets_one_line_with_a_remedy(capsys):
 
 def test_experiments_with_targets_name_their_topology():
   for name in registry.names():
-    exp = registry.load(name)
-    if hasattr(exp.train_module, "compile_targets"):
-      topo = getattr(exp.config_module, "FULL_TOPOLOGY", None)
-      assert topo, f"{name} declares compile_targets but no FULL_TOPOLOGY"
-      cc.parse_topology(topo)
+    aot = cc.aot_module(registry.load(name))
+    if aot is not None:
+      assert hasattr(aot, "compile_targets"), f"experiments/{name}/aot.py defines no compile_targets(config)"
+      assert getattr(aot, "TOPOLOGY", None), f"experiments/{name}/aot.py names no TOPOLOGY"
+      cc.parse_topology(aot.TOPOLOGY)
+
+
+def test_aot_files_are_not_claim_sources():
+  """Wiring a compile target must not make claims stale: no claim file imports aot.py."""
+  for name in registry.names():
+    if cc.aot_module(registry.load(name)) is not None:
+      assert f"experiments/{name}/aot.py" not in ledger.import_closure(name)
+
+
+def _aot_experiments():
+  return [n for n in registry.names() if cc.aot_module(registry.load(n)) is not None]
+
+
+@needs_libtpu
+@pytest.mark.parametrize("experiment", _aot_experiments())
+def test_every_aot_target_lowers_for_its_slice(experiment):
+  """Each experiment's full-config targets trace and lower (StableHLO, no XLA compile) on its own TOPOLOGY's mesh,
+  so a library change that breaks a compile target fails here; the compiled numbers are the README's table."""
+  exp, config = registry.load_config(f"{experiment}:full")
+  aot = cc.aot_module(exp)
+  topo = cc.topology(aot.TOPOLOGY)
+  with mesh_lib.use_config(config, topo.devices):
+    targets = aot.compile_targets(config)
+    assert targets and len({t.name for t in targets}) == len(targets)
+    for t in targets:
+      if experiment != "curvzo":   # its ZO step lowers to 71 MB of StableHLO (row-block tables): built, not lowered
+        assert t.fn.lower(*t.args).as_text(dialect="stablehlo")[:1]

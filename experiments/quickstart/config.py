@@ -27,9 +27,6 @@ CLAIMS = [
 ]
 
 
-# The slice `python -m jaxlab.compile_check --all` proves the full config on (compiled ahead of time).
-FULL_TOPOLOGY = "v5e-4"
-
 def get_config(arg=None):
   """Config for variant tiny | small | full (e.g. "tiny" or "variant=small,seed=1")."""
   c, arg = configs.variant_config(arg)

@@ -57,17 +57,3 @@ def train_and_evaluate(config, workdir: str) -> dict:
   result = fit(config, workdir, model_fn=lambda rngs: MLP(in_features, hidden, 10, rngs=rngs),
                loss_fn=loss_fn, train_source=train, eval_fn=eval_fn, eval_source=test, transform=to_features)
   return result.summary
-
-
-def compile_targets(config):
-  """The full config's train step for `python -m jaxlab.compile_check` (MNIST: 784 features, 10 classes)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from jaxlab import compile_check  # pylint: disable=g-import-not-at-top
-  in_features, hidden, b = 784, tuple(config.model.hidden), config.train.batch_size
-  widths = (in_features, *hidden, 10)
-  flops = 6 * b * sum(a * c for a, c in zip(widths[:-1], widths[1:]))   # forward + backward matmuls
-  batch = {"x": jax.ShapeDtypeStruct((b, in_features), jnp.float32),
-           "label": jax.ShapeDtypeStruct((b,), jnp.int32)}
-  return [compile_check.train_target(config, lambda rngs: MLP(in_features, hidden, 10, rngs=rngs), loss_fn, batch,
-                                     model_flops=flops)]
-

@@ -191,7 +191,8 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 def test_mosaic_compiles_for_tpu_v5e_without_hardware():
   """Full Mosaic compilation (layouts, VMEM) for a v5e topology via libtpu's compile-only client."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v5litepod-4",
-             TPU_WORKER_ID="0", TPU_WORKER_HOSTNAMES="localhost")
+             TPU_WORKER_ID="0", TPU_WORKER_HOSTNAMES="localhost",
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1")   # no lockfile: a compile-only client beside another libtpu user
   env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
   proc = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True,
                         timeout=600)

@@ -1,0 +1,28 @@
+"""ToM RFT's accelerator steps for `python -m jaxlab.compile_check` (no claim imports this file).
+
+    python -m jaxlab.compile_check --config experiments/tom_rft/config.py:full [--config.model.hf_path=DIR]
+
+The full variant post-trains a user's checkpoint (config.pretrain.num_steps = 0): its config.json (no weights
+are read) gives the model, and without one the shape of Llama 3.2 1B stands in. Targets:
+
+* `grpo_update`: the policy update `trainers.grpo` jits for the GRPO arms (think / nothink / shuffled:
+  `make_train_step` over `make_grpo_loss_fn`, the optimizer over train.num_steps x num_iterations updates) on
+  one step's rollout batch: train.batch_size prompts x grpo.num_generations completions, rows of data.seq_len
+  tokens (a story prompt of up to seq_len - max_new_tokens tokens + the completion), with the reference
+  log-probs of the KL term (beta > 0);
+* `rollout_sample`: the KV-cache sampler's program (`jaxlab.lm.sampler`: prefill + the decode loop) drawing
+  those completions, on the same sharded parameters.
+"""
+
+from __future__ import annotations
+
+from jaxlab import compile_check
+
+from . import config as config_lib
+
+TOPOLOGY = "v5p-8"
+
+
+def compile_targets(config):
+  """GRPO's update on one step's completions and the sampler that draws them."""
+  return compile_check.grpo_lm_targets(config, config_lib.grpo_config(config))
