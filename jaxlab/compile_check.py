@@ -34,6 +34,7 @@ bf16, 1228 GB/s; v5e: 16 GiB, 197, 819; v5p: 95 GiB, 459, 2765; v6e: 32 GiB, 918
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -141,8 +142,9 @@ def abstract_state(model_fn, tx, seed: int):
 
 def grpo_target(config, gcfg, model_fn, rows: int, width: int, temperature: float,
                 extra: Mapping[str, tuple] | None = None) -> Target:
-  """The GRPO policy update `jaxlab.posttrain.trainers.grpo` jits (`make_train_step` over `make_grpo_loss_fn`,
-  the optimizer over train.num_steps x num_iterations updates) on one step's rollout batch.
+  """The GRPO policy update `jaxlab.posttrain.trainers.grpo` jits (`trainers.grpo_update_step`: the loss
+  accumulated over grpo.micro_batches, the optimizer over train.num_steps x num_iterations updates) on
+  one step's rollout batch (`grpo_logps_target` gives the log-prob pass on that batch).
 
   Args:
     config: the experiment's config (train.optimizer, train.num_steps, seed).
@@ -155,13 +157,14 @@ def grpo_target(config, gcfg, model_fn, rows: int, width: int, temperature: floa
   """
   import jax, jax.numpy as jnp  # pylint: disable=g-import-not-at-top,multiple-import
   from jaxlab import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
-  from jaxlab.posttrain.grpo import make_grpo_loss_fn  # pylint: disable=g-import-not-at-top
-  from jaxlab.train import optim, step as step_lib  # pylint: disable=g-import-not-at-top
+  from jaxlab.posttrain import trainers  # pylint: disable=g-import-not-at-top
+  from jaxlab.train import optim  # pylint: disable=g-import-not-at-top
   tx, schedule = optim.make_optimizer(config.train.optimizer, config.train.num_steps * gcfg.num_iterations)
   modeldef, state, shardings = abstract_state(model_fn, tx, config.seed)
   bsh = mesh_lib.batch_sharding()
-  update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, temperature), tx, schedule, shardings, bsh)
-  rows = rows + (-rows % mesh_lib.data_split())
+  micro = gcfg.micro_batches
+  update = trainers.grpo_update_step(modeldef, gcfg, temperature, tx, schedule, shardings, bsh, micro)
+  rows = rows + (-rows % (mesh_lib.data_split() * micro))
   i32, f32 = (jax.ShapeDtypeStruct((rows, width), t, sharding=bsh) for t in (jnp.int32, jnp.float32))
   batch = {"tokens": i32, "positions": i32, "segment_ids": i32, "loss_mask": f32,
            "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=bsh)}
@@ -172,6 +175,17 @@ def grpo_target(config, gcfg, model_fn, rows: int, width: int, temperature: floa
   for k, (shape, dtype) in (extra or {}).items():
     batch[k] = jax.ShapeDtypeStruct((rows, *shape), dtype, sharding=bsh)
   return Target("grpo_update", update, (state, batch), state=state)
+
+
+def grpo_logps_target(gcfg, update: Target, model_fn, temperature: float) -> Target:
+  """The reference / old-policy log-prob pass `trainers.grpo` runs on the update's batch before the update
+  (`grpo.make_logps_fn`, micro-batched as the update is), on the update's sharded parameters."""
+  from jaxlab.posttrain.grpo import make_logps_fn  # pylint: disable=g-import-not-at-top
+  from jaxlab.state import ModelDef  # pylint: disable=g-import-not-at-top
+  fn = make_logps_fn(ModelDef(model_fn), temperature, gcfg.micro_batches).jitted
+  state = update.args[0]
+  inputs = {k: v for k, v in update.args[1].items() if k not in ("ref_logps", "old_logps")}
+  return Target("grpo_logps", fn, (state.params, state.model_state, inputs), state=state.params)
 
 
 def lm_sample_target(train: Target, model_fn, batch: int, prompt_len: int, max_new_tokens: int,
@@ -203,7 +217,8 @@ def lm_sample_target(train: Target, model_fn, batch: int, prompt_len: int, max_n
 def grpo_lm_targets(config, gcfg) -> list[Target]:
   """A decoder-only GRPO config's targets: the update on one step's train.batch_size x grpo.num_generations rows
   of data.seq_len tokens (a prompt of up to seq_len - grpo.max_new_tokens tokens + its completion) and the
-  sampler that draws those completions, the model from `lm_model_config`."""
+  sampler that draws those completions, plus the log-prob pass when the loss needs reference or old log-probs;
+  the model from `lm_model_config`."""
   from jaxlab.lm.model import Transformer  # pylint: disable=g-import-not-at-top
   mcfg = lm_model_config(config)
   g = config.grpo
@@ -216,7 +231,12 @@ def grpo_lm_targets(config, gcfg) -> list[Target]:
   train.model_flops = transformer_flops(n, math.prod(train.args[1]["tokens"].shape), mcfg.n_layers, width, mcfg.hidden)
   sample = lm_sample_target(train, model_fn, rows, width - new, new, float(g.temperature))
   sample.model_flops = lm_sample_flops(mcfg, n, sample.args[1].shape[0], width - new, new)
-  return [train, sample]
+  targets = [train, sample]
+  if gcfg.beta > 0 or gcfg.num_iterations > 1:
+    logps = grpo_logps_target(gcfg, train, model_fn, float(g.temperature))
+    logps.model_flops = train.model_flops / 3
+    targets.append(logps)
+  return targets
 
 
 def lm_sample_flops(mcfg, n: int, batch: int, prompt_len: int, new: int, bucket: int = 16) -> float:
@@ -573,10 +593,17 @@ def check_target(target: Target, topo: Topology, margin: float = 0.1) -> dict[st
   if compiled is None:
     return row
   cost = _cost(compiled)
-  totals = hlo_totals(compiled.as_text())
+  text = compiled.as_text()
+  totals = hlo_totals(text)
+  # Pallas / Mosaic kernels in the program (splash attention, the selective scan, ...): a custom call each
+  row["kernels"] = len(re.findall(r'custom_call_target="tpu_custom_call"', text))
   row["xla_flops"], row["bytes_accessed"] = cost["flops"], cost["bytes"]
   row["matmul_flops"], row["loops"] = totals["matmul_flops"], totals["loops"]
   row["flops"] = max(cost["flops"], totals["matmul_flops"])   # XLA's count has each loop body once
+  if row["kernels"] and target.model_flops:
+    # a Pallas kernel is one opaque custom call to XLA's count (splash attention's FLOPs are not in it): the
+    # bound takes at least the analytic model FLOPs, so MFU at the bound cannot pass 100%
+    row["flops"] = max(row["flops"], float(target.model_flops) / topo.num_devices)
   t_flops, t_bytes = row["flops"] / topo.peak_flops, cost["bytes"] / topo.hbm_bw
   row["step_s_lower_bound"] = max(t_flops, t_bytes)
   row["bound"] = "compute" if t_flops >= t_bytes else "memory"
@@ -614,11 +641,28 @@ def advice(row: Mapping[str, Any], target: Target, topo: Topology, margin: float
   return "; ".join(parts)
 
 
+@contextlib.contextmanager
+def target_backend(platform: str):
+  """While tracing for a target platform, `jax.default_backend()` answers that platform ("tpu"; "gpu" for
+  "cuda"), so every choice the library makes by backend is the target's, not this host's: attention's "auto"
+  takes the splash / cuDNN / Triton kernels, Pallas kernels lower compiled (not in interpret mode) and the
+  selective scan takes its accelerator path. JAX itself reads its backends directly, so only those choices move."""
+  import jax  # pylint: disable=g-import-not-at-top
+  name = {"cuda": "gpu"}.get(platform, platform)
+  saved = jax.default_backend
+  jax.default_backend = lambda: name
+  try:
+    yield
+  finally:
+    jax.default_backend = saved
+
+
 def check(config, topo: Topology, targets_fn: Callable[[Any], Sequence[Target]], margin: float = 0.1) -> list[dict]:
-  """Builds the config's mesh over the topology's devices and checks every target `targets_fn(config)` gives."""
+  """Builds the config's mesh over the topology's devices and checks every target `targets_fn(config)` gives,
+  traced as on the target platform (`target_backend`)."""
   from jaxlab import configs, mesh as mesh_lib  # pylint: disable=g-import-not-at-top
   configs.check_devices(config, topo.num_devices)
-  with mesh_lib.use_config(config, topo.devices) as mesh:
+  with mesh_lib.use_config(config, topo.devices) as mesh, target_backend(topo.platform):
     rows = []
     for target in targets_fn(config):
       row = check_target(target, topo, margin)
@@ -647,6 +691,8 @@ def format_row(exp: str, row: Mapping[str, Any]) -> str:
                    f"{row['bytes_accessed'] / 1e9:.2f} GB accessed; "
                    f"step >= {row['step_s_lower_bound'] * 1e3:.2f} ms ({row['bound']}-bound)"
                    + (f"; MFU at that bound {row['mfu_at_bound']:.0%}" if "mfu_at_bound" in row else ""))
+      if row.get("kernels"):
+        lines.append(f"  Pallas (Mosaic) kernels in the program: {row['kernels']}")
       coll = row.get("collectives") or {}
       lines.append("  collectives: " + (", ".join(f"{k} x{v['count']} ({v['bytes'] / 2**20:.1f} MiB)"
                                                   for k, v in sorted(coll.items())) or "none"))

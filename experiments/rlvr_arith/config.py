@@ -54,7 +54,7 @@ def get_config(arg=None):
       path="", min_digits=1, max_digits=2, pad_operands=True, n_train=4000, n_eval=300, seq_len=40))
   c.model = ml_collections.ConfigDict(dict(
       hf_path="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256, max_position=64,
-      dtype="float32"))
+      dtype="float32", remat=False))
   # SFT stops at the first check (every check_every steps) where greedy accuracy on dev_size held-out training
   # problems reaches stop_at (0 = run all num_steps): a partially trained start with headroom. With screen > 0 a
   # check scores the first `screen` dev problems and the whole dev set only once those reach screen_at; with
@@ -67,7 +67,10 @@ def get_config(arg=None):
   # GRPO (Tunix GRPOConfig names). config.train is GRPO's run_loop: batch_size = prompts per step (each sampled
   # grpo.num_generations times), num_steps rollout steps, the optimizer (its b1 / b2 / eps / weight decay /
   # clip also serve the SFT runs, which set their own learning rate, schedule and warm-up from c.sft / c.rft).
+  # micro_batches: each update and log-prob pass takes a step's rows in this many micro-batches (the same
+  # gradient, `jaxlab.train.accumulate`); full sets it so one step fits a chip (`python -m jaxlab.compile_check`).
   c.grpo = ml_collections.ConfigDict(dict(
+      micro_batches=1,
       num_generations=8, num_iterations=2, beta=0.0, epsilon=0.2, epsilon_high=0.28, epsilon_c=0.0,
       kl_loss_mode="low_var_kl", loss_agg_mode="sequence-mean-token-mean", advantage_estimator="grpo",
       per_reward_normalize=False, temperature=0.5, max_new_tokens=32, answer_weight=1.0, trace_weight=1.0,
@@ -94,6 +97,7 @@ def get_config(arg=None):
     c.sft.num_steps = 0              # start from the checkpoint as given
     c.grpo.update(num_generations=16, beta=0.04, max_new_tokens=512, format_weight=0.1,
                   trace_weight=0.0)    # the column-trace reward needs reference completions (arithmetic only)
+    c.grpo.micro_batches = 32        # 1024 rows x 1024 tokens: 82 GiB of a v5p chip's 95 (1 micro-batch: 1540)
     c.train.update(batch_size=64, num_steps=500)
     c.train.optimizer.learning_rate = 1e-6
   return configs.finalize(c, validate)

@@ -63,12 +63,12 @@ def problems(config):
 def model_config(config, tok) -> TransformerConfig:
   m = config.model
   if m.hf_path:
-    cfg = hf.config_from_hf(m.hf_path, dtype=m.dtype)
+    cfg = hf.config_from_hf(m.hf_path, dtype=m.dtype, remat=m.remat)
     check_fits(tok, cfg.vocab_size, f"the checkpoint {m.hf_path}")   # before anything trains or is written
     return cfg
   return TransformerConfig(vocab_size=-(-tok.vocab_size // 8) * 8, hidden=m.hidden, n_layers=m.n_layers,
                            n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, mlp_hidden=m.mlp_hidden,
-                           max_position=m.max_position, dtype=m.dtype, tie_embeddings=True)
+                           max_position=m.max_position, dtype=m.dtype, tie_embeddings=True, remat=m.remat)
 
 
 def _answer(completions, problems):

@@ -6,12 +6,14 @@ The full variant post-trains a user's checkpoint (config.pretrain.num_steps = 0)
 are read) gives the model, and without one the shape of Llama 3.2 1B stands in. Targets:
 
 * `grpo_update`: the policy update `trainers.grpo` jits for the GRPO arms (think / nothink / shuffled:
-  `make_train_step` over `make_grpo_loss_fn`, the optimizer over train.num_steps x num_iterations updates) on
-  one step's rollout batch: train.batch_size prompts x grpo.num_generations completions, rows of data.seq_len
-  tokens (a story prompt of up to seq_len - max_new_tokens tokens + the completion), with the reference
-  log-probs of the KL term (beta > 0);
+  `trainers.grpo_update_step`: `make_grpo_loss_fn` accumulated over grpo.micro_batches, the optimizer over
+  train.num_steps x num_iterations updates) on one step's rollout batch: train.batch_size prompts x
+  grpo.num_generations completions, rows of data.seq_len tokens (a story prompt of up to seq_len - max_new_tokens
+  tokens + the completion), with the reference log-probs of the KL term (beta > 0);
 * `rollout_sample`: the KV-cache sampler's program (`jaxlab.lm.sampler`: prefill + the decode loop) drawing
   those completions, on the same sharded parameters.
+* `grpo_logps`: the reference / old-policy log-prob pass (`grpo.make_logps_fn`, micro-batched as the update
+  is) on the update's batch.
 """
 
 from __future__ import annotations

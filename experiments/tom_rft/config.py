@@ -127,7 +127,7 @@ def get_config(arg=None):
       seq_len=112))
   c.model = ml_collections.ConfigDict(dict(
       hf_path="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256, max_position=128,
-      dtype="float32"))
+      dtype="float32", remat=False))
   # The base model (the paper starts from a pretrained LLM): SFT from scratch on order-0 questions ("where is the
   # object really": world-state tracking, no beliefs) over stories of num_events in `lengths` with at most
   # `max_distractors` mid-story distractors (a curriculum of short, clean stories: on full-length shortcut-free
@@ -145,7 +145,10 @@ def get_config(arg=None):
   # Arm `sft`: continues the no-thinking cold start on data.rl_orders with gold answers; batch = train.batch_size
   # and num_steps = train.num_steps * grpo.num_iterations (as many updates as GRPO, at least as many prompts).
   c.sft = ml_collections.ConfigDict(dict(learning_rate=1e-3))
+  # micro_batches: each update and log-prob pass takes a step's rows in this many micro-batches (the same
+  # gradient, `jaxlab.train.accumulate`); full sets it so one step fits a chip (`python -m jaxlab.compile_check`).
   c.grpo = ml_collections.ConfigDict(dict(
+      micro_batches=1,
       num_generations=8, num_iterations=2, beta=0.02, epsilon=0.2, epsilon_high=0.28, epsilon_c=0.0,
       kl_loss_mode="low_var_kl", loss_agg_mode="sequence-mean-token-mean", advantage_estimator="grpo",
       per_reward_normalize=False, temperature=1.0, max_new_tokens=32, answer_weight=1.0, format_valid=0.5,
@@ -178,6 +181,7 @@ def get_config(arg=None):
     c.sft.learning_rate = 1e-6
     # ToM-RL's GRPO (bigai-ai/ToM-RL tom_grpo.sh): 16 rollouts, 8 prompts, lr 5e-7, k3 KL at 0.001, 2048 tokens.
     c.grpo.update(num_generations=16, num_iterations=1, beta=0.001, max_new_tokens=2048)
+    c.grpo.micro_batches = 32        # 128 rows x 3072 tokens: 71 GiB of a v5p chip's 95 (16 micro-batches: 110)
     c.rft.update(prompts=2048, num_steps=500, learning_rate=1e-6)
     c.train.update(batch_size=8, num_steps=1000)
     c.train.optimizer.learning_rate = 5e-7

@@ -44,7 +44,7 @@ def model_config(config) -> VLMConfig:
   dec = compile_check.lm_model_config(config)
   vis = VisionTowerConfig.from_hf(m.vision_path or SIGLIP_BASE_224)
   return VLMConfig(decoder=dec, vision=vis, image_token_base=dec.vocab_size,
-                   max_images=config_lib.task(config).num_images)
+                   max_images=config_lib.task(config).num_images, remat_vision=bool(m.remat))
 
 
 def compile_targets(config):

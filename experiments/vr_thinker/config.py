@@ -109,9 +109,12 @@ def get_config(arg=None):
   c.model = ml_collections.ConfigDict(dict(
       hf_path="", vision_path="", tokenizer="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256,
       max_position=128,
-      dtype="float32", vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64, patch=4))
+      dtype="float32", remat=False, vision_hidden=32, vision_layers=1, vision_heads=2, vision_mlp=64, patch=4))
   c.cold = ml_collections.ConfigDict(dict(num_steps=400, batch_size=32, learning_rate=3e-3, warmup_steps=25))
+  # micro_batches: each update and log-prob pass takes a step's rows in this many micro-batches (the same
+  # gradient, `jaxlab.train.accumulate`); full sets it so one step fits a chip (`python -m jaxlab.compile_check`).
   c.grpo = ml_collections.ConfigDict(dict(
+      micro_batches=1,
       num_generations=8, num_iterations=1, beta=0.0, epsilon=0.2, epsilon_high=0.28, epsilon_c=0.0,
       kl_loss_mode="low_var_kl", loss_agg_mode="sequence-mean-token-mean", advantage_estimator="grpo",
       per_reward_normalize=False, temperature=1.0, max_new_tokens=12,
@@ -142,6 +145,10 @@ def get_config(arg=None):
     c.model.dtype = "bfloat16"
     c.cold.update(num_steps=0)
     c.grpo.update(num_generations=8, beta=0.04, max_new_tokens=512)
+    # one row per chip per micro-batch and the decoder rematerialised; the 192 float32 frames a row carries
+    # still exceed a v5p chip (`python -m jaxlab.compile_check`, README "Full configs compiled ahead of time")
+    c.grpo.micro_batches = 384
+    c.model.remat = True
     c.rft.update(prompts=8192, num_steps=1000, learning_rate=1e-6)
     c.train.update(batch_size=32, num_steps=500)
     c.train.optimizer.learning_rate = 1e-6

@@ -49,18 +49,19 @@ from . import config as config_lib
 def model_config(config, task, tok) -> VLMConfig:
   m = config.model
   if m.hf_path:
-    dec = hf.config_from_hf(m.hf_path, dtype=m.dtype)
+    dec = hf.config_from_hf(m.hf_path, dtype=m.dtype, remat=m.remat)
     check_fits(tok, dec.vocab_size, f"the checkpoint {m.hf_path}")
     vis = VisionTowerConfig.from_hf(m.vision_path)
   else:
     dec = TransformerConfig(vocab_size=-(-tok.vocab_size // 8) * 8, hidden=m.hidden, n_layers=m.n_layers,
                             n_heads=m.n_heads, n_kv_heads=m.n_kv_heads, mlp_hidden=m.mlp_hidden,
-                            max_position=m.max_position, dtype=m.dtype, tie_embeddings=True)
+                            max_position=m.max_position, dtype=m.dtype, tie_embeddings=True, remat=m.remat)
     vis = VisionTowerConfig(arch="siglip", hidden_size=m.vision_hidden, num_hidden_layers=m.vision_layers,
                             num_attention_heads=m.vision_heads, intermediate_size=m.vision_mlp, patch_size=m.patch,
                             image_size=task.image_size, num_channels=1, layer_norm_eps=1e-6,
                             hidden_act="gelu_pytorch_tanh")
-  return VLMConfig(decoder=dec, vision=vis, image_token_base=dec.vocab_size, max_images=task.num_images)
+  return VLMConfig(decoder=dec, vision=vis, image_token_base=dec.vocab_size, max_images=task.num_images,
+                   remat_vision=m.remat)
 
 
 def initial_params(config, vcfg: VLMConfig, modeldef: ModelDef):

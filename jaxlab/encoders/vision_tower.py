@@ -268,10 +268,12 @@ def load_params(path: str) -> tuple[VisionTowerConfig, dict[str, np.ndarray]]:
 
 
 def forward(cfg: VisionTowerConfig, params: dict[str, Any], pixels_bhwc: jax.Array, *,
-            drop_cls: bool = False) -> jax.Array:
+            drop_cls: bool = False, remat: bool = False) -> jax.Array:
   """HF `last_hidden_state`, float32 (B, num_tokens, hidden) (drop_cls=True: without ViT's CLS; SigLIP has
   none), of pixels (B, image_size, image_size, num_channels), channels last, already normalised (`preprocess`).
-  Pure: jit it with `jax.jit(forward, static_argnums=0, static_argnames="drop_cls")`.
+  Pure: jit it with `jax.jit(forward, static_argnums=0, static_argnames=("drop_cls", "remat"))`. With remat,
+  each layer is rematerialised (`jax.checkpoint`): a backward pass keeps only the layers' inputs alive, not
+  their attention maps and MLP activations (the same values, one more forward of the tower).
   """
   x = jnp.asarray(pixels_bhwc, jnp.float32)
   s, c, ps, d = cfg.image_size, cfg.num_channels, cfg.patch_size, cfg.hidden_size
@@ -295,14 +297,19 @@ def forward(cfg: VisionTowerConfig, params: dict[str, Any], pixels_bhwc: jax.Arr
   def proj(name, y):
     return _linear(params, name, y) if name + ".bias" in params else y @ params[name + ".weight"].T
 
-  for i in range(cfg.num_hidden_layers):
+  def layer(x, params, i):
     pre = n["layer"].format(i=i)
     y = _ln(x, params[pre + n["ln1"] + ".weight"], params[pre + n["ln1"] + ".bias"], eps)
     q, k, v = (proj(pre + n[r], y).reshape(b, -1, heads, hd) for r in "qkv")
     att = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) * hd ** -0.5, axis=-1)
     x = x + _linear(params, pre + n["o"], jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, -1, d))
     y = _ln(x, params[pre + n["ln2"] + ".weight"], params[pre + n["ln2"] + ".bias"], eps)
-    x = x + _linear(params, pre + n["fc2"], act(_linear(params, pre + n["fc1"], y)))
+    return x + _linear(params, pre + n["fc2"], act(_linear(params, pre + n["fc1"], y)))
+
+  if remat:
+    layer = jax.checkpoint(layer, static_argnums=(2,))
+  for i in range(cfg.num_hidden_layers):
+    x = layer(x, params, i)
   x = _ln(x, params[n["final"] + ".weight"], params[n["final"] + ".bias"], eps).astype(jnp.float32)
   return x[:, 1:] if drop_cls and cfg.arch == "vit" else x
 
@@ -386,8 +393,8 @@ class VisionTower(nnx.Module):
     """config.json + model.safetensors that `from_pretrained` and transformers read (`save_hf`)."""
     save_hf(path, self.config, self.hf_params())
 
-  def __call__(self, pixels_bhwc: jax.Array, *, drop_cls: bool = False) -> jax.Array:
-    return forward(self.config, self.hf_params(), pixels_bhwc, drop_cls=drop_cls)
+  def __call__(self, pixels_bhwc: jax.Array, *, drop_cls: bool = False, remat: bool = False) -> jax.Array:
+    return forward(self.config, self.hf_params(), pixels_bhwc, drop_cls=drop_cls, remat=remat)
 
 
 def hf_config(cfg: VisionTowerConfig) -> dict[str, Any]:

@@ -50,12 +50,15 @@ class VLMConfig:
     image_token_base: the first visual token id (>= the text vocabulary; ids at or above it are visual).
     max_images: images per row (the bank's size).
     drop_cls: drop the tower's CLS token (ViT) from the visual tokens.
+    remat_vision: rematerialise the tower's layers in the backward pass (`vision_tower.forward(remat=True)`):
+      a row's frames then keep only each layer's input alive, not its attention maps and MLP activations.
   """
   decoder: TransformerConfig
   vision: VisionTowerConfig
   image_token_base: int
   max_images: int
   drop_cls: bool = True
+  remat_vision: bool = False
 
   def __post_init__(self):
     if self.image_token_base < self.decoder.vocab_size or self.max_images < 1:
@@ -163,7 +166,7 @@ class VisionLM(nnx.Module):
     if images.ndim != 5 or images.shape[1] != c.max_images:
       raise ValueError(f"VisionLM: images must be (batch, {c.max_images}, H, W, C), got shape {images.shape}")
     b, n = images.shape[:2]
-    feats = self.vision(images.reshape((b * n,) + images.shape[2:]))
+    feats = self.vision(images.reshape((b * n,) + images.shape[2:]), remat=c.remat_vision)
     if c.drop_cls:
       feats = feats[:, feats.shape[1] - c.tokens_per_image:]
     return self.projector(feats).reshape(b, n * c.tokens_per_image, -1).astype(jnp.float32)

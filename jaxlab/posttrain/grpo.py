@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from jaxlab import mesh as mesh_lib
 from jaxlab.lm.sft import token_stats
 from jaxlab.posttrain.advantages import ESTIMATORS
+from jaxlab.train import accumulate
 
 AGG_MODES = ("token-mean", "sequence-mean-token-mean", "sequence-mean-token-scale", "seq-mean-token-sum",
              "sequence-mean-token-sum-norm")
@@ -68,6 +69,8 @@ class GRPOConfig:
     loss_agg_mode: one of AGG_MODES or a TRL alias (grpo, bnpo, dapo, dr_grpo).
     advantage_estimator: "grpo" | "rloo" | "drgrpo".
     per_reward_normalize: normalise each reward component separately (GDPO-style).
+    micro_batches: take each update's rows (and each log-prob pass's) in this many micro-batches: the same
+      gradient (`jaxlab.train.accumulate`), about 1/micro_batches of the activations.
   """
   num_generations: int = 2
   num_iterations: int = 1
@@ -80,12 +83,15 @@ class GRPOConfig:
   loss_agg_mode: str = "sequence-mean-token-mean"
   advantage_estimator: str = "grpo"
   per_reward_normalize: bool = False
+  micro_batches: int = 1
 
   def __post_init__(self):
     if self.num_generations < 2:
       raise ValueError(f"GRPOConfig.num_generations must be > 1 (group baseline), got {self.num_generations}")
     if self.num_iterations < 1:
       raise ValueError(f"GRPOConfig.num_iterations must be >= 1, got {self.num_iterations}")
+    if self.micro_batches < 1:
+      raise ValueError(f"GRPOConfig.micro_batches must be >= 1, got {self.micro_batches}")
     if self.beta < 0:
       raise ValueError(f"GRPOConfig.beta must be >= 0, got {self.beta}")
     if not 0 < self.epsilon < 1 or (self.epsilon_high is not None and self.epsilon_high <= 0):
@@ -155,6 +161,16 @@ def aggregate(x_bt: jax.Array, mask_bt: jax.Array, mode: str = "sequence-mean-to
   if mode in ("seq-mean-token-sum", "sequence-mean-token-sum-norm"):
     return jnp.sum(per_row) / rows
   raise ValueError(f"loss_agg_mode {mode!r}: use one of {AGG_MODES}")
+
+
+def aggregate_units(mask_bt: jax.Array, mode: str = "sequence-mean-token-mean") -> jax.Array:
+  """How many units `aggregate` averages over: trained tokens for "token-mean", rows with tokens otherwise (the
+  "weight" that makes a weighted mean of micro-batch losses the whole batch's loss, `jaxlab.train.accumulate`)."""
+  mode = AGG_ALIASES.get(mode, mode)
+  on = mask_bt > 0
+  if mode == "token-mean":
+    return jnp.sum(on.astype(jnp.float32))
+  return jnp.sum(jnp.any(on, axis=-1).astype(jnp.float32))
 
 
 def per_token_logps(model: Callable, tokens_bt: jax.Array, positions_bt: jax.Array | None = None,
@@ -236,7 +252,9 @@ def make_grpo_loss_fn(config: GRPOConfig, temperature: float = 1.0):
 
   The batch holds "tokens", "positions", "segment_ids", "loss_mask" (B, T), "advantages" (B,) and, when used,
   "old_logps" (num_iterations > 1) and "ref_logps" (beta > 0), each (B, T), plus any extra model inputs
-  (`MODEL_INPUT_KEYS`, e.g. a VLM's "images"). Metrics add the mean entropy of the trained tokens.
+  (`MODEL_INPUT_KEYS`, e.g. a VLM's "images"). Metrics add the mean entropy of the trained tokens, and the
+  reserved "weight" is the number of units the loss averages (`aggregate_units`), so micro-batched updates
+  (`jaxlab.train.accumulate`) take the whole batch's gradient.
   """
   def loss_fn(model, batch: Mapping[str, Any], key):
     del key
@@ -245,12 +263,16 @@ def make_grpo_loss_fn(config: GRPOConfig, temperature: float = 1.0):
     old = batch.get("old_logps") if config.num_iterations > 1 else None
     loss, m = grpo_loss(lp, old, batch.get("ref_logps"), batch["advantages"], batch["loss_mask"], config)
     m["entropy"] = aggregate(ent, batch["loss_mask"], "token-mean")
+    m["weight"] = aggregate_units(batch["loss_mask"], config.loss_agg_mode)
     return loss, m
   return loss_fn
 
 
-def make_logps_fn(modeldef, temperature: float = 1.0):
+def make_logps_fn(modeldef, temperature: float = 1.0, micro_batches: int = 1):
   """`(params, model_state, batch) -> (B, T) log-probs` (reference / old-policy passes), jitted.
+
+  With `micro_batches` = k > 1 the rows are taken k micro-batches at a time (`jaxlab.train.accumulate.map_micro`,
+  the same split as the micro-batched update): the same log-probs, one micro-batch's logits alive at a time.
 
   Parameters keep the shardings they come with. With a multi-device mesh in context (`jaxlab.mesh.use`) a
   batch whose size divides the data split is put on the mesh's batch sharding first (a no-op when it is
@@ -259,12 +281,17 @@ def make_logps_fn(modeldef, temperature: float = 1.0):
   Args:
     modeldef: `jaxlab.state.ModelDef` of the policy.
     temperature: the sampling temperature the log-probs are taken at.
+    micro_batches: rows per pass = rows / micro_batches.
   """
   def fn(params, model_state, batch):
     model = modeldef.merge(params, model_state)
     model.eval()
-    return per_token_logps(model, batch["tokens"], batch["positions"], batch["segment_ids"], temperature=temperature,
-                           **model_inputs(batch))
+
+    def one(b):
+      return per_token_logps(model, b["tokens"], b["positions"], b["segment_ids"], temperature=temperature,
+                             **model_inputs(b))
+    sharding = mesh_lib.batch_sharding() if mesh_lib.multi_device() else None
+    return accumulate.map_micro(one, batch, micro_batches, sharding)
 
   jitted = jax.jit(fn)
 
@@ -273,4 +300,5 @@ def make_logps_fn(modeldef, temperature: float = 1.0):
     if mesh_lib.multi_device() and rows % mesh_lib.data_split() == 0:
       batch = jax.device_put(batch, mesh_lib.batch_sharding())
     return jitted(params, model_state, batch)
+  logps.jitted = jitted   # the jitted pass itself (what `jaxlab.compile_check` compiles)
   return logps

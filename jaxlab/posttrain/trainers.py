@@ -31,6 +31,7 @@ import os
 from typing import Any, Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -45,7 +46,7 @@ from jaxlab.posttrain.rewards import CompositeReward
 from jaxlab.posttrain.rollout import (RolloutBatch, ToolEnv, _is_policy, decode_completion, multi_turn,
                                       sampler_policy)
 from jaxlab.state import ModelDef, create_train_state, param_count
-from jaxlab.train import fit, optim, run_loop, step as step_lib
+from jaxlab.train import accumulate, fit, optim, run_loop
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,6 +263,14 @@ def _pad_rows(batch: dict[str, np.ndarray], multiple: int, pad_id: int) -> dict[
   return out
 
 
+def grpo_update_step(modeldef: ModelDef, gcfg: GRPOConfig, temperature: float, tx, schedule, shardings, bsh,
+                     micro_batches: int = 1):
+  """The jitted GRPO policy update `grpo` runs (and `jaxlab.compile_check` compiles): `make_grpo_loss_fn` under
+  `jaxlab.train.accumulate` (the whole batch's gradient from `micro_batches` micro-batches; 1 = one pass)."""
+  return accumulate.make_accumulating_train_step(modeldef, make_grpo_loss_fn(gcfg, temperature), tx, schedule,
+                                                 shardings, bsh, micro_batches=micro_batches)
+
+
 def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, ref_params: Any,
          prompts: Sequence[Sequence[int]], problems: Sequence[Any], reward: CompositeReward, tokenizer, *,
          gcfg: GRPOConfig, spec: RolloutSpec, key: jax.Array, seed: int | None = None,
@@ -274,7 +283,9 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
   rollouts each (key fold_in(key, step)), scores them with `reward` (over the generated text, the model's
   tokens only), turns the components into group advantages (`multi_reward_advantages`; with
   `shuffle_rewards` the rows of components are permuted across the batch first, rng [seed, step, 1]) and
-  takes gcfg.num_iterations optimizer steps on the batch (`make_grpo_loss_fn`). The optimizer is
+  takes gcfg.num_iterations optimizer steps on the batch (`make_grpo_loss_fn`; with gcfg.micro_batches = k > 1
+  each step and each log-prob pass takes the rows in k micro-batches, the batch padded with empty rows
+  to a multiple of k x the data split: the same update, about 1/k of the activations). The optimizer is
   `config.train.optimizer` over config.train.num_steps * num_iterations updates. Runs in the mesh and rules
   in context (the sampler and the log-prob passes read them from there too). Per-prompt model `prompt_inputs` (e.g.
   a VLM's images, (num_prompts, ...)) go to the rollouts and to each training row.
@@ -288,14 +299,18 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
   mesh, rules = mesh_lib.current_mesh(), mesh_lib.current_rules()
   tx, schedule = optim.make_optimizer(t.optimizer, t.num_steps * gcfg.num_iterations)  # per update
   state, shardings = create_train_state(modeldef, tx, mesh, rules, seed)
-  # Copies (may_alias=False): the steps donate the state, and the caller's arrays and the reference must survive.
+  # Fresh copies: the steps donate the state, and the caller's arrays and the reference must survive. A jitted
+  # copy, since jax.device_put(..., may_alias=False) onto a replicated multi-device sharding still shares the
+  # source's buffer on the source's device (jax 0.10), so donating the state deleted the reference too.
+  copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree), out_shardings=shardings.params)
   start = ref_params if init_params is None else init_params
-  state = state.replace(params=jax.device_put(start, shardings.params, may_alias=False))
-  ref = jax.device_put(ref_params, shardings.params, may_alias=False)
+  state = state.replace(params=copy(jax.device_put(start, shardings.params)))
+  ref = copy(jax.device_put(ref_params, shardings.params))
   bsh = mesh_lib.batch_sharding(mesh, rules)
-  update = step_lib.make_train_step(modeldef, make_grpo_loss_fn(gcfg, spec.temperature), tx, schedule, shardings,
-                                    bsh)
-  logps_fn = make_logps_fn(modeldef, spec.temperature)
+  micro = gcfg.micro_batches
+  update = grpo_update_step(modeldef, gcfg, spec.temperature, tx, schedule, shardings, bsh, micro)
+  logps_fn = make_logps_fn(modeldef, spec.temperature, micro)
+  rows_multiple = math.lcm(spec.row_bucket, mesh_lib.data_split(mesh, rules) * micro)
   width = spec.row_width(prompts)
   g = spec.num_generations
 
@@ -318,8 +333,7 @@ def grpo(config: ml_collections.ConfigDict, workdir: str, modeldef: ModelDef, re
       used = comps[np.random.default_rng([seed, step, 1]).permutation(len(texts))]
     adv = multi_reward_advantages(used, reward.weights, g, gcfg.advantage_estimator, gcfg.per_reward_normalize)
     batch = dict(roll.train_batch(adv), **roll.row_inputs(step_inputs, None, g))
-    batch = jax.device_put(_pad_rows(batch, math.lcm(spec.row_bucket, mesh_lib.data_split(mesh, rules)), spec.pad_id),
-                           bsh)
+    batch = jax.device_put(_pad_rows(batch, rows_multiple, spec.pad_id), bsh)
     if gcfg.beta > 0:
       batch["ref_logps"] = logps_fn(ref, state.model_state, batch)
     if gcfg.num_iterations > 1:
