@@ -141,7 +141,7 @@ def abstract_state(model_fn, tx, seed: int):
 
 
 def grpo_target(config, gcfg, model_fn, rows: int, width: int, temperature: float,
-                extra: Mapping[str, tuple] | None = None) -> Target:
+                extra: Mapping[str, tuple] | None = None, row_bucket: int = 1) -> Target:
   """The GRPO policy update `jaxlab.posttrain.trainers.grpo` jits (`trainers.grpo_update_step`: the loss
   accumulated over grpo.micro_batches, the optimizer over train.num_steps x num_iterations updates) on
   one step's rollout batch (`grpo_logps_target` gives the log-prob pass on that batch).
@@ -150,10 +150,12 @@ def grpo_target(config, gcfg, model_fn, rows: int, width: int, temperature: floa
     config: the experiment's config (train.optimizer, train.num_steps, seed).
     gcfg: its `GRPOConfig` (beta > 0 adds reference log-probs, num_iterations > 1 old-policy log-probs).
     model_fn: `rngs -> nnx.Module`, the policy.
-    rows: completion rows of one step (prompts x generations; padded to the data split as the loop pads them).
+    rows: completion rows of one step (prompts x generations), padded as `trainers.grpo` pads them: to a multiple
+      of lcm(row_bucket, data split x grpo.micro_batches).
     width: tokens per row.
     temperature: the sampling temperature the loss rescales logits by.
     extra: further per-row inputs `{name: (shape after the row axis, dtype)}` (e.g. a VLM's frames).
+    row_bucket: the rollout's `RolloutSpec.row_bucket`.
   """
   import jax, jax.numpy as jnp  # pylint: disable=g-import-not-at-top,multiple-import
   from jaxlab import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
@@ -164,7 +166,7 @@ def grpo_target(config, gcfg, model_fn, rows: int, width: int, temperature: floa
   bsh = mesh_lib.batch_sharding()
   micro = gcfg.micro_batches
   update = trainers.grpo_update_step(modeldef, gcfg, temperature, tx, schedule, shardings, bsh, micro)
-  rows = rows + (-rows % (mesh_lib.data_split() * micro))
+  rows = rows + (-rows % math.lcm(row_bucket, mesh_lib.data_split() * micro))   # `trainers.grpo`'s rows_multiple
   i32, f32 = (jax.ShapeDtypeStruct((rows, width), t, sharding=bsh) for t in (jnp.int32, jnp.float32))
   batch = {"tokens": i32, "positions": i32, "segment_ids": i32, "loss_mask": f32,
            "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=bsh)}

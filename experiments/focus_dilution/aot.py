@@ -8,9 +8,9 @@ tokens sharded over the data axis, the parameters replicated), followed by the l
 the chain's stationary law (pi), text has none. The S1 companion (W_V = I, method.s1_steps) and the control run
 the same step with other settings; the control's one chunk of the S1 model's condensation step count is left out.
 
-At the full vocabulary (4096) libtpu does not finish compiling this step: the metrics take singular values of the
-(V, V) map Phi (`instrument.singular_values`, jnp.linalg.svd), and the TPU compile of a 4096 x 4096 SVD ran > 20 min
-or overflowed its stack (512 x 512: 40 s). `--config.data.vocab=512` compiles.
+The metrics take singular values of the (V, V) map Phi = (W_E W_V) W_P from its factors
+(`instrument.product_svd`: QR of each factor, then the SVD of a d x d core). A dense 4096 x 4096 SVD there did not
+finish compiling for TPU (> 20 min); the factored one compiles in about 30 s on a laptop CPU.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ from . import method
 from .train import compiled_chunk
 
 TOPOLOGY = "v5e-4"
-# libtpu did not finish compiling the full vocabulary's step (> 24 min, 5.6 GB host memory): the metrics' SVD of
-# the (V, V) map at V = 4096 (512 x 512 compiles in 40 s); with --config.data.vocab=512 the step fits.
-KNOWN_ISSUE = "the full config's 4096 x 4096 SVD (dynamics metrics) does not finish compiling for TPU"
 
 
 def gd_step_flops(vocab: int, d: int, batch: int, length: int) -> float:

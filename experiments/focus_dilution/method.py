@@ -68,8 +68,9 @@ def dynamics_metrics(params: dict, tokens_bt: jax.Array, top: jax.Array, pi: jax
                      rank_rel: float) -> dict:
   """The logged quantities (float32 scalars): spectra shares/ranks, focus, entropy, alignment with the closed form."""
   out = {}
-  for name, m in (("E", params["W_E"]), ("P", params["W_P"]), ("Phi", ao.effective_map(params))):
-    s = instrument.singular_values(m)
+  e_v = params["W_E"] @ params["W_V"]   # Phi = (W_E W_V) W_P, decomposed from its factors (rank <= d)
+  for name, f in (("E", (params["W_E"],)), ("P", (params["W_P"],)), ("Phi", (e_v, params["W_P"]))):
+    s = instrument.singular_values(*f)
     out[f"dyn/share_{name}"] = instrument.top_share(s)
     out[f"dyn/rank_{name}"] = instrument.numerical_rank(s, rank_rel)
     if name == "E":
@@ -80,7 +81,7 @@ def dynamics_metrics(params: dict, tokens_bt: jax.Array, top: jax.Array, pi: jax
   out["dyn/entropy"] = instrument.attention_entropy(attn)
   out["dyn/qk_norm"] = jnp.linalg.norm(params["W_Q"] @ params["W_K"].T)
   if pi is not None:
-    u, _, vt = jnp.linalg.svd(ao.effective_map(params))
+    u, _, vt = instrument.product_svd(e_v, params["W_P"])
     cos = lambda a, b: jnp.abs(a @ b) / (jnp.linalg.norm(a) * jnp.linalg.norm(b))
     out["dyn/cos_u_pi"] = cos(u[:, 0], pi)
     out["dyn/cos_v_pi"] = cos(vt[0], pi - 1.0 / pi.shape[0])

@@ -20,17 +20,15 @@ lengths and count change from turn to turn) and the log-prob passes (forwards of
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 
-from jaxlab import compile_check, mesh as mesh_lib
+from jaxlab import compile_check
 from jaxlab.encoders.vision_tower import VisionTowerConfig
 from jaxlab.lm.vlm import VisionLM, VLMConfig
 
 from . import config as config_lib
 
-TOPOLOGY = "v5p-8"
+TOPOLOGY = "v5p-64"   # 1536 rows of 16385 tokens and 192 frames a step (config.py: full)
 
 # google/siglip-base-patch16-224's vision_config (transformers' SiglipVisionConfig defaults).
 SIGLIP_BASE_224 = {"model_type": "siglip_vision_model", "hidden_size": 768, "intermediate_size": 3072,
@@ -53,12 +51,12 @@ def compile_targets(config):
   g, d = config.grpo, config.data
   model_fn = lambda rngs: VisionLM(vcfg, rngs=rngs)  # noqa: E731
   rows = int(config.train.batch_size) * int(g.num_generations) * int(d.max_turns)
-  rows += -rows % math.lcm(int(config.eval.row_bucket), mesh_lib.data_split())   # `trainers._pad_rows`
   width = int(d.seq_len) + 1
   v = vcfg.vision
   images = ((vcfg.max_images, v.image_size, v.image_size, v.num_channels), jnp.float32)
   train = compile_check.grpo_target(config, config_lib.grpo_config(config), model_fn, rows, width,
-                                     float(g.temperature), {"images": images})
+                                     float(g.temperature), {"images": images},
+                                     row_bucket=int(config.eval.row_bucket))
   params = train.state.params
   n_dec, n_vis = (compile_check.num_params(compile_check.Target("", None, (), state=params[k]))
                   for k in ("decoder", "vision"))

@@ -145,9 +145,10 @@ def get_config(arg=None):
     c.model.dtype = "bfloat16"
     c.cold.update(num_steps=0)
     c.grpo.update(num_generations=8, beta=0.04, max_new_tokens=512)
-    # one row per chip per micro-batch and the decoder rematerialised; the 192 float32 frames a row carries
-    # still exceed a v5p chip (`python -m jaxlab.compile_check`, README "Full configs compiled ahead of time")
-    c.grpo.micro_batches = 384
+    # A step's 1536 rows (32 prompts x 8 trajectories x 6 turns) on a v5p-64 slice (32 chips): one row per chip
+    # per micro-batch, the decoder and the tower rematerialised; 54 GiB per chip (`python -m jaxlab.compile_check`,
+    # README "Full configs compiled ahead of time"). A v5p-8 chip cannot hold its 384 rows' float32 frames.
+    c.grpo.micro_batches = 48
     c.model.remat = True
     c.rft.update(prompts=8192, num_steps=1000, learning_rate=1e-6)
     c.train.update(batch_size=32, num_steps=500)

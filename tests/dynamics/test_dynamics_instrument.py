@@ -17,6 +17,26 @@ def test_share_and_rank_match_numpy_svd():
   assert int(instrument.numerical_rank(js, 0.1)) == int(np.sum(s > 0.1 * s[0]))
 
 
+def test_factored_svd_matches_numpy_svd_of_the_product():
+  rng = np.random.default_rng(3)
+  for m, k, n in ((40, 6, 30), (5, 8, 7), (12, 12, 12)):
+    a, b = rng.normal(size=(m, k)), rng.normal(size=(k, n))
+    u, s, vt = np.linalg.svd(a @ b)
+    ju, js, jvt = instrument.product_svd(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    r = min(m, k, n)
+    np.testing.assert_allclose(np.asarray(js), s[:r], rtol=2e-4, atol=1e-4)
+    np.testing.assert_allclose(np.abs(np.asarray(ju[:, 0]) @ u[:, 0]), 1.0, atol=1e-4)   # up to sign
+    np.testing.assert_allclose(np.abs(np.asarray(jvt[0]) @ vt[0]), 1.0, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(ju * js) @ np.asarray(jvt), a @ b, atol=1e-3)
+    padded = instrument.singular_values(jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32))
+    assert padded.shape == (min(m, n),)
+    np.testing.assert_allclose(np.asarray(padded), s[:min(m, n)], atol=2e-4)
+  for shape in ((30, 4), (4, 30)):   # tall / wide single matrices go through QR first
+    x = rng.normal(size=shape)
+    np.testing.assert_allclose(np.asarray(instrument.singular_values(jnp.asarray(x, jnp.float32))),
+                               np.linalg.svd(x, compute_uv=False), rtol=1e-4)
+
+
 def test_entropy_and_focus_match_bruteforce():
   rng = np.random.default_rng(1)
   b, t = 3, 7
