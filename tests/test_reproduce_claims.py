@@ -19,8 +19,6 @@ NOT_REPRODUCED = {
             "7/8 pass, FD(4/step) <= 1.3x FD(1/step) without margin (1.18); see its README"),
     "sc_milp": ("upstream_gain (+1.9 points, not +3; its bootstrap interval is above 0) and small_data_gain (+1.6, "
                 "not +3) fail, 2/4 pass; see its README"),
-    "taskloom": ("the gradient-cosine grouping recovers the families on 3 of 5 seeds (ari_exact 0.6, ari_mean 0.72 "
-                 "fail; 3/5 pass); see its README"),
     "tom_rft": ("4/12 pass (the shortcut audit, Thinking-RFT vs the shuffled control); the thinking models break "
                 "format on unseen orders 3-4 and no arm learns to use EXIT events at tiny scale; see its README"),
 }

@@ -4,12 +4,13 @@ Every arm trains M world models stacked on a leading axis under one `vmap` (`jax
 model m on rows of the tasks assigned to it (`assign[t] = m`), with the same rows per step in total:
 * independent: M = T, model t on task t;
 * shared: M = 1, every task, the task embedding tells them apart;
-* grouped (TaskLoom): `warmup` steps of the shared model, then per-task gradients of its parameters (the task
-  embeddings excluded), their cosine matrix, and a clustering into groups (`jaxlab.multitask.grouping`); each
-  group starts from the warm shared model and trains on its tasks only (stage 1: full sharing within a group),
-  and every `exchange_every` steps the parameter subset `exchange` is soft-averaged across the group models
-  with weight `tau` (stage 2: coarse exchange across groups; `jaxlab.multitask.param_sharing`). Optionally the
-  grouping is recomputed every `regroup_every` steps (a new group starts from the mean of its tasks' models).
+* grouped (TaskLoom): `warmup` steps of the shared model (0: its initialisation), then per-task gradients of its
+  parameters (of the observation loss, or the full loss; the task embeddings and the reward head excluded), their
+  cosine matrix, and a clustering into groups (`jaxlab.multitask.grouping`); each group starts from the warm
+  shared model and trains on its tasks only (stage 1: full sharing within a group), and every `exchange_every`
+  steps the parameter subset `exchange` is soft-averaged across the group models with weight `tau` (stage 2: coarse
+  exchange across groups; `jaxlab.multitask.param_sharing`). Optionally the grouping is recomputed
+  every `regroup_every` steps (a new group starts from the mean of its tasks' models).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class Trainer:
     def loss(params, batch):
       return wm.sequence_loss(params, wcfg, batch)[0]
     self.loss = loss
+    self.obs_loss = lambda params, batch: wm.sequence_loss(params, wcfg, batch)[1]["obs_mse"]
 
     @jax.jit
     def step(params, opt_state, key, members):
@@ -168,7 +170,8 @@ def task_gradient_groups(trainer: Trainer, shared, train_data, config, key, num_
   tids = jnp.repeat(jnp.arange(num_tasks), k * config.train.batch_size).reshape(num_tasks, k, -1)
   keys = jax.random.split(key, num_tasks * k).reshape(num_tasks, k)
   batches = jax.vmap(jax.vmap(lambda t, kk: windows(train_data, kk, t, trainer.length)))(tids, keys)
-  g = grouping.task_gradients(trainer.loss, shared, batches, exclude=tuple(g_cfg.exclude))
+  loss = trainer.obs_loss if g_cfg.loss == "obs" else trainer.loss
+  g = grouping.task_gradients(loss, shared, batches, exclude=tuple(g_cfg.exclude))
   sim = grouping.cosine_matrix(g)
   groups = g_cfg.num_groups or None
   labels = grouping.cluster(sim, groups, threshold=None if groups else g_cfg.threshold, method=g_cfg.method)

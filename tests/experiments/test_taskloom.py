@@ -46,7 +46,8 @@ def test_end_to_end_resume_and_claims(tmp_path):
 
 
 def test_regrouping_runs(tmp_path):
-  s = _run(NAME, tmp_path / "re", {**SHORT, "grouping.regroup_every": 10, "method.arms": ("grouped",)})
+  s = _run(NAME, tmp_path / "re", {**SHORT, "grouping.regroup_every": 10, "grouping.loss": "full",
+                                   "method.arms": ("grouped",)})
   assert s["grouping/regroups"] >= 0 and np.isfinite(s["grouped/open_loop_mean"])
 
 
@@ -63,6 +64,7 @@ def test_dm_control_tasks(tmp_path):
     ({"grouping.warmup": 5000}, "grouping.warmup=5000 must be in"),
     ({"env.state_dim": 5}, "must be even"),
     ({"grouping.tau": 2.0}, "grouping.tau=2.0 must be in"),
+    ({"grouping.loss": "reward"}, "grouping.loss='reward': use obs"),
 ])
 def test_config_errors(overrides, match):
   with pytest.raises(ConfigError, match=match):
