@@ -17,7 +17,7 @@ from scipy import stats
 
 from jaxlab import claims, configs
 
-SEEDS = (10, 11, 12, 13, 14)   # round-2 claim seeds (round 1: 0-4); calibration 100-104, round 2 also 200-219
+SEEDS = (10, 11, 12, 13, 14)   # round-2 claim seeds (round 1: 0-4); calibration 100-104, round 2 200-229
 ARMS = ("independent", "shared", "grouped")
 HORIZON = 5                    # the open-loop horizon of the claims
 
