@@ -186,12 +186,7 @@ def task_gradient_groups(trainer: Trainer, shared, train_data, config, key, num_
 
 def regroup_params(stacked, old_assign: np.ndarray, new_assign: np.ndarray):
   """Group models for a new grouping: each new group starts from the mean of its tasks' old models."""
-  n_new = int(new_assign.max()) + 1
-  rows = []
-  for m in range(n_new):
-    members = old_assign[new_assign == m]
-    rows.append(jax.tree.map(lambda x: jnp.mean(x[jnp.asarray(members)], axis=0), stacked))
-  return jax.tree.map(lambda *xs: jnp.stack(xs), *rows)
+  return param_sharing.regroup(stacked, old_assign, new_assign)
 
 
 def ari(labels, truth) -> float:

@@ -13,6 +13,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def paths(tree) -> list[str]:
@@ -47,3 +48,20 @@ def count(tree, mask=None) -> int:
   leaves = jax.tree.leaves(tree)
   flags = [True] * len(leaves) if mask is None else jax.tree.leaves(mask)
   return int(sum(x.size for x, f in zip(leaves, flags) if f))
+
+
+def regroup(stacked, old_assign, new_assign):
+  """Models for a new grouping of the tasks: new model m is the mean of the old models of its tasks (a task's
+  old model counted once per task, so a model shared by several tasks weighs more).
+
+  Args:
+    stacked: pytree whose leaves have a leading model axis (old groups).
+    old_assign, new_assign: (T,) group of every task before and after.
+  """
+  old_assign, new_assign = np.asarray(old_assign), np.asarray(new_assign)
+  rows = []
+  for m in range(int(new_assign.max()) + 1):
+    members = jnp.asarray(old_assign[new_assign == m])
+    rows.append(jax.tree.map(lambda x, i=members: jnp.mean(x[i].astype(jnp.float32), axis=0).astype(x.dtype),
+                             stacked))
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *rows)

@@ -1,0 +1,154 @@
+"""TaskLoom agent: single-task, all-shared and grouped online multi-task Dreamers on the same tasks.
+
+Launch: python -m jaxlab.main --config experiments/taskloom_agent/config.py:tiny --workdir /tmp/taskloom_agent
+
+Stages (`jaxlab.train.run_stages`; each arm resumable inside its stage from its own checkpoints):
+* "baseline": returns of a uniform random policy and, on cartpole tasks, of a scripted PD controller
+  (`method.baseline_episodes` episodes per task): "baseline/random", "baseline/scripted" (one per task; None
+  where no controller is scripted).
+* one stage per arm of `method.arms` ("single": one world model per task; "shared": one for all tasks;
+  "grouped": TaskLoom's grouping and two-stage sharing), each trained online for `env.env_steps` environment
+  steps per task (`jaxlab.rl.dreamer.online.run`): "<arm>/episodes" ([task, env steps, return] of every training
+  episode, sampled actions), "<arm>/eval" (per task, the policy's mean action), "<arm>/assign",
+  "<arm>/groupings", "<arm>/updates", "<arm>/wall_s".
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import numpy as np
+
+from jaxlab.rl.dreamer import agent as agent_lib
+from jaxlab.rl.dreamer import behavior, online, rssm
+from jaxlab.train import run_stages
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  stages = {"baseline": baseline_stage}
+  for arm in config.method.arms:
+    stages[arm] = functools.partial(arm_stage, arm=arm)
+  return run_stages(config, workdir, stages)
+
+
+def make_env(config, seed: int):
+  from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
+  e = config.env
+  return DMControlTasks(list(e.names), envs_per_task=e.envs_per_task, seed=seed, workers=e.workers,
+                        pixels=e.pixels, image_size=e.image_size)
+
+
+def scripted_action(name: str, obs: np.ndarray) -> np.ndarray | None:
+  """A PD controller for the cartpole balance tasks (obs: cart position, cos, sin of the pole angle, cart and
+  pole velocities); None for other tasks."""
+  if not name.startswith("cartpole-balance"):
+    return None
+  x, c, s, xd, thd = obs[:5]
+  th = np.arctan2(s, c)
+  return np.clip(np.array([10.0 * th + 2.0 * thd + 0.5 * x + 1.0 * xd], np.float32), -1.0, 1.0)
+
+
+def baseline_stage(ctx):
+  config = ctx.config
+  n = config.method.baseline_episodes
+  names = list(config.env.names)
+  with make_env(config, config.seed + 50_000) as env:
+    rng = np.random.default_rng(config.seed)
+    out = {}
+    for policy in ("random", "scripted"):
+      scripted = [scripted_action(nm, np.zeros(5)) is not None for nm in names]
+      if policy == "scripted" and not any(scripted):
+        out[policy] = [None] * len(names)
+        continue
+      totals = np.zeros(env.num_envs)
+      for _ in range(n):
+        ts = env.reset()
+        done = np.zeros(env.num_envs, bool)
+        while not done.all():
+          a = env.sample_actions(rng)
+          if policy == "scripted":
+            for i, t in enumerate(env.task_ids):
+              act = scripted_action(names[t], ts.obs[i])
+              if act is not None:
+                a[i, :1] = act
+          ts = env.step(a)
+          totals += np.where(done, 0.0, ts.reward)
+          done |= ts.last
+      per_task = [float(totals[env.task_ids == t].mean() / n) for t in range(len(names))]
+      out[policy] = [v if policy == "random" or scripted[t] else None for t, v in enumerate(per_task)]
+  return {"baseline/random": out["random"], "baseline/scripted": out["scripted"], "task_names": names}
+
+
+def build_agent(config, env):
+  m, b, a, g = config.model, config.behavior, config.agent, config.grouping
+  wcfg = rssm.WorldModelConfig(obs_dim=env.obs_dim, act_dim=env.act_dim, num_tasks=env.num_tasks,
+                               image_size=env.image_size if config.env.pixels else 0, deter=m.deter, stoch=m.stoch,
+                               classes=m.classes, hidden=m.hidden, layers=m.layers, cnn_depth=m.cnn_depth,
+                               emb=m.emb, num_bins=m.num_bins, free_nats=m.free_nats)
+  bcfg = behavior.BehaviorConfig(act_dim=env.act_dim, hidden=b.hidden, layers=b.layers, horizon=b.horizon,
+                                 gamma=b.gamma, lam=b.lam, entropy=b.entropy, actor_grad=b.actor_grad,
+                                 num_bins=m.num_bins)
+  acfg = agent_lib.AgentConfig(batch_size=a.batch_size, seq_len=a.seq_len, model_lr=a.model_lr,
+                               actor_lr=a.actor_lr, critic_lr=a.critic_lr, clip=a.clip, train_every=a.train_every,
+                               prefill=a.prefill, action_repeat=config.env.action_repeat, imag_starts=a.imag_starts,
+                               capacity=a.capacity, checkpoint_every=a.checkpoint_every)
+  obs_mask = None if config.env.pixels else env.obs_mask
+  return agent_lib.Agent(wcfg, bcfg, acfg, obs_mask=obs_mask, exchange=g.exchange)
+
+
+def grouping_config(config, arm: str) -> agent_lib.GroupingConfig:
+  g = config.grouping
+  return agent_lib.GroupingConfig(mode=arm, group_at=g.group_at, num_groups=g.num_groups, threshold=g.threshold,
+                                  grad_batches=g.grad_batches, exclude=tuple(g.exclude), exchange=g.exchange,
+                                  tau=g.tau, exchange_every=g.exchange_every, regroup_every=g.regroup_every)
+
+
+def arm_stage(ctx, arm: str):
+  config = ctx.config
+  with make_env(config, config.seed) as env:
+    agent = build_agent(config, env)
+    out = online.run(agent, env, ctx.subdir(), env_steps=config.env.env_steps, key=jax.random.key(config.seed),
+                     grouping=grouping_config(config, arm), eval_episodes=config.method.eval_episodes,
+                     seed=config.seed, desc=arm)
+  return {f"{arm}/episodes": out["episodes"], f"{arm}/eval": out["eval"], f"{arm}/assign": out["assign"],
+          f"{arm}/groupings": out["groupings"], f"{arm}/updates": out["updates"], f"{arm}/wall_s": out["wall_s"],
+          f"{arm}/final": [float(np.mean([e[2] for e in out["episodes"] if e[0] == t][-2:]))
+                           for t in range(env.num_tasks)]}
+
+
+def plot(runs, workdirs, out_dir):
+  """returns.png: training-episode return against environment steps per task, one line per arm (mean over
+  seeds, seeds thin), with the random policy and the PD controller as dashed lines."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  del workdirs
+  names = runs[0]["task_names"]
+  arms = [a for a in ("single", "shared", "grouped") if f"{a}/episodes" in runs[0]]
+  fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+  colors = {"single": "#4477aa", "shared": "#228833", "grouped": "#ee6677"}
+  for t, ax in enumerate(axes[0]):
+    for arm in arms:
+      curves = []
+      for r in runs:
+        eps = np.asarray([e for e in r[f"{arm}/episodes"] if e[0] == t], np.float64)
+        ax.plot(eps[:, 1], eps[:, 2], color=colors[arm], lw=0.6, alpha=0.4)
+        curves.append(eps)
+      k = min(len(c) for c in curves)
+      mean = np.mean([c[:k, 2] for c in curves], axis=0)
+      ax.plot(curves[0][:k, 1], mean, color=colors[arm], lw=2, label=arm)
+    rnd = np.mean([r["baseline/random"][t] for r in runs])
+    ax.axhline(rnd, color="k", ls=":", lw=1, label="random")
+    if runs[0]["baseline/scripted"][t] is not None:
+      ax.axhline(np.mean([r["baseline/scripted"][t] for r in runs]), color="k", ls="--", lw=1, label="PD")
+    ax.set_title(names[t])
+    ax.set_xlabel("environment steps (this task)")
+    ax.set_ylabel("episode return")
+  axes[0][0].legend(fontsize=8)
+  fig.tight_layout()
+  path = os.path.join(out_dir, "returns.png")
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return [path]

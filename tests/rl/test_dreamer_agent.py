@@ -1,0 +1,125 @@
+"""The multi-task Dreamer agent: row layout per group, regrouping, one update per grouping mode with the stage-2
+exchange, and the online loop on dm_control (episodes, grouping, checkpoints and resume)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxlab.errors import ConfigError
+from jaxlab.multitask import param_sharing
+from jaxlab.rl import replay
+from jaxlab.rl.dreamer import agent as agent_lib
+from jaxlab.rl.dreamer import behavior, online, rssm
+
+
+def _agent(num_tasks=3, obs_dim=5, act_dim=1, exchange=r"^gru/", **kw):
+  w = rssm.WorldModelConfig(obs_dim=obs_dim, act_dim=act_dim, num_tasks=num_tasks, deter=16, stoch=4, classes=4,
+                            hidden=16, layers=1, emb=2, num_bins=21)
+  b = behavior.BehaviorConfig(act_dim=act_dim, hidden=16, layers=1, horizon=5, gamma=0.99, num_bins=21)
+  c = agent_lib.AgentConfig(**{**dict(batch_size=2, seq_len=8, model_lr=1e-3, actor_lr=1e-3, critic_lr=1e-3,
+                                      train_every=4, prefill=30, action_repeat=4, imag_starts=8), **kw})
+  return agent_lib.Agent(w, b, c, exchange=exchange)
+
+
+def test_member_rows_and_regroup():
+  rows = agent_lib.member_rows(np.array([0, 0, 1]), 2)
+  np.testing.assert_array_equal(rows, [[0, 1, 0], [2, 2, 2]])       # 2 rows per task, 3 tasks, 2 models
+  np.testing.assert_array_equal(agent_lib.member_rows(np.array([0, 1, 2]), 2), [[0, 0], [1, 1], [2, 2]])
+  stacked = {"a": jnp.arange(3.0)[:, None] * jnp.ones((3, 2))}
+  out = param_sharing.regroup(stacked, np.array([0, 1, 2]), np.array([0, 1, 0]))
+  np.testing.assert_allclose(out["a"], [[1.0, 1.0], [1.0, 1.0]])    # new group 0 = mean of old models 0 and 2
+  out = param_sharing.regroup(stacked, np.array([0, 0, 1]), np.array([0, 0, 0]))
+  np.testing.assert_allclose(out["a"], [[1 / 3, 1 / 3]])            # a model shared by two tasks counts twice
+
+
+def _buffer(num_tasks, obs_dim=5, act_dim=1, n=40):
+  buf = replay.init(num_tasks, n, obs_dim, act_dim)
+  rng = np.random.default_rng(0)
+  for t in range(num_tasks):
+    first = np.arange(n) % 20 == 0
+    buf = replay.add(buf, np.full(n, t, np.int32), rng.normal(size=(n, obs_dim)), rng.uniform(-1, 1, (n, act_dim)),
+                     rng.uniform(size=n), np.ones(n), first)
+  return buf
+
+
+@pytest.mark.parametrize("assign", [[0, 1, 2], [0, 0, 0], [0, 0, 1]])
+def test_update_runs_for_every_grouping_and_exchange_ties_the_subset(assign):
+  assign = np.array(assign)
+  ag = _agent()
+  st = ag.init(jax.random.key(0), assign)
+  buf = _buffer(3)
+  members = agent_lib.member_rows(assign, 2)
+  st, met = ag.update(st, buf, members, jax.random.key(1), do_exchange=True, tau=1.0)
+  assert all(np.isfinite(float(v)) for v in met.values())
+  m = int(assign.max()) + 1
+  assert st["wm"]["gru"]["w"].shape[0] == m and st["ac"]["actor"][0]["w"].shape[0] == 3
+  if m > 1:   # tau = 1: the exchanged subset (the GRU) is identical across the group models, the rest is not
+    np.testing.assert_allclose(st["wm"]["gru"]["w"][0], st["wm"]["gru"]["w"][1], atol=1e-6)
+    assert not np.allclose(st["wm"]["img_out"][0]["w"][0], st["wm"]["img_out"][0]["w"][1])
+  # Each task's actor moved (its rows drove an imagination step).
+  fresh = ag.init(jax.random.key(0), assign)
+  for t in range(3):
+    assert not np.allclose(st["ac"]["actor"][0]["w"][t], fresh["ac"]["actor"][0]["w"][t])
+
+
+def test_task_gradients_and_grouping_config_errors():
+  ag = _agent()
+  st = ag.init(jax.random.key(0), np.zeros(3, int))
+  g = ag.task_gradients(st, _buffer(3), jax.random.key(2), batches=2)
+  assert g.shape[0] == 3 and np.all(np.isfinite(g)) and np.all(np.linalg.norm(g, axis=1) > 0)
+  with pytest.raises(ConfigError, match="grouping.mode='mixture'"):
+    agent_lib.GroupingConfig(mode="mixture")
+  with pytest.raises(ConfigError, match="grouping.tau=1.5"):
+    agent_lib.GroupingConfig(tau=1.5)
+
+
+class _Crash(Exception):
+  pass
+
+
+class _CrashingEnv:
+  """Delegates to an environment and raises _Crash on the `at`-th call of `step` (an interrupted run)."""
+
+  def __init__(self, env, at):
+    self.env, self.at, self.calls = env, at, 0
+
+  def __getattr__(self, name):
+    return getattr(self.env, name)
+
+  def step(self, actions):
+    self.calls += 1
+    if self.calls == self.at:
+      raise _Crash()
+    return self.env.step(actions)
+
+
+def test_online_run_groups_checkpoints_and_resumes(tmp_path):
+  pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'jaxlab[rl]'")
+  from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
+  names = ["cartpole-balance", "cartpole-swingup", "point_mass-easy"]
+  grouping = agent_lib.GroupingConfig("grouped", group_at=400, num_groups=2, grad_batches=1, exchange_every=5)
+  kw = dict(env_steps=2000, key=jax.random.key(0), grouping=grouping)
+  with DMControlTasks(names, seed=0) as env:
+    ag = _agent(num_tasks=3, obs_dim=env.obs_dim, act_dim=env.act_dim, checkpoint_every=600)
+    ag.obs_mask = jnp.asarray(env.obs_mask)
+    with pytest.raises(ConfigError, match="leaves no learning after the prefill"):
+      online.run(ag, env, str(tmp_path / "x"), env_steps=100, key=jax.random.key(0), grouping=grouping)
+    ref = online.run(ag, env, str(tmp_path / "ref"), **kw)
+    with pytest.raises(_Crash):      # interrupted after the checkpoint at 600 env steps (agent step 150)
+      online.run(ag, _CrashingEnv(env, 4 * 200), str(tmp_path / "r"), **kw)
+    full = online.run(ag, env, str(tmp_path / "r"), eval_episodes=1, **kw)
+  assert ref["resumes"] == 0 and full["resumes"] == 1
+  assert full["updates"] == ref["updates"] == (500 - 30 + 1) // 4     # one update per 4 agent steps after the prefill
+  # The grouping at 400 env steps happened before the checkpoint: the resumed run restores it, not redoes it.
+  for run in (ref, full):
+    assert len(run["groupings"]) == 1 and run["groupings"][0][0] == 400
+    labels = run["groupings"][0][1]
+    assert run["assign"] == labels and len(set(labels)) == 2
+  cos = np.array(full["groupings"][0][2])
+  np.testing.assert_allclose(np.diag(cos), 1.0, atol=1e-3)
+  # One complete 1000-step episode per task (the reset step pushes the second past 2000); the resumed run starts
+  # fresh episodes at its checkpoint (agent step 150) and completes one per task too.
+  assert sorted(e[0] for e in ref["episodes"]) == [0, 1, 2]
+  assert {e[0] for e in full["episodes"]} == {0, 1, 2}
+  assert len(full["eval"]) == 3 and all(np.isfinite(full["eval"]))
