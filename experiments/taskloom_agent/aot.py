@@ -27,16 +27,12 @@ from . import train
 TOPOLOGY = "v5p-8"
 
 
-class _Spec(types.SimpleNamespace):
-  pass
-
-
 def env_spec(config):
   """Sizes of config.env.names (dm_control specs; pixels: image_size), without stepping anything."""
   from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
   with DMControlTasks(list(config.env.names), envs_per_task=1, seed=0) as env:
-    return _Spec(obs_dim=env.obs_dim, act_dim=env.act_dim, num_tasks=env.num_tasks, obs_mask=env.obs_mask,
-                 image_size=config.env.image_size)
+    return types.SimpleNamespace(obs_dim=env.obs_dim, act_dim=env.act_dim, num_tasks=env.num_tasks,
+                                 obs_mask=env.obs_mask, image_size=config.env.image_size)
 
 
 def _matmul_weights(tree) -> int:
@@ -62,7 +58,8 @@ def compile_targets(config):
     assign = agent_lib.initial_assign(arm, t_n)
     members = tuple(tuple(int(x) for x in row) for row in agent_lib.member_rows(assign, a.batch_size))
     st = put(jax.eval_shape(lambda k=assign: agent.init(jax.random.key(0), k)))
-    fn = jax.jit(functools.partial(agent._update_impl, members=members), donate_argnums=(0,))  # pylint: disable=protected-access
+    update = agent._update_impl  # pylint: disable=protected-access
+    fn = jax.jit(functools.partial(update, members=members), donate_argnums=(0,))
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), st["wm"])
     heads = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), st["ac"])
     rows = t_n * a.batch_size * a.seq_len

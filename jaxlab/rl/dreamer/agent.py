@@ -1,8 +1,8 @@
 """Online multi-task Dreamer with grouped world-model sharing (TaskLoom's two-stage paradigm, ICML 2026 poster
 64665; the grouping and exchange are our reconstruction, see experiments/taskloom_agent/README.md).
 
-    agent = Agent(wm_cfg, bh_cfg, AgentConfig(...), num_tasks=T, obs_mask=env.obs_mask)
-    log = agent.run(env, workdir, env_steps=20_000, key=key, grouping=GroupingConfig(...))
+    agent = Agent(wm_cfg, bh_cfg, AgentConfig(...), obs_mask=env.obs_mask, exchange=r"^gru/")
+    out = online.run(agent, env, workdir, env_steps=20_000, key=key, grouping=GroupingConfig(...))
 
 State. M world models stacked on a leading axis (one per task group, `assign[t]` = the group of task t) with
 their Adam states, T per-task actor / critic / slow-critic heads stacked on a task axis, the per-task return
@@ -20,33 +20,26 @@ clustering into groups each starting from the shared model (stage 1: full sharin
 average of the parameter subset `exchange` across the group models every `exchange_every` updates (stage 2),
 and a regrouping every `regroup_every` environment steps.
 
-The loop (`Agent.run`) is resumable: every `checkpoint_every` environment steps it saves the whole state
-(models, optimizers, replay, groups, counters, the episode log) with `jaxlab.checkpoint`; a rerun restores the
-newest checkpoint and continues with fresh episodes (MuJoCo states are not saved).
+The loop (`jaxlab.rl.dreamer.online.run`) is resumable: every `checkpoint_every` environment steps it saves the
+whole state (models, optimizers, replay, groups, counters, the episode log) with `jaxlab.checkpoint`; a rerun
+restores the newest checkpoint and continues with fresh episodes (MuJoCo states are not saved).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
-import os
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxlab import checkpoint as ckpt_lib
-from jaxlab import progress
 from jaxlab.errors import ConfigError
 from jaxlab.multitask import grouping as grouping_lib
 from jaxlab.multitask import param_sharing
 from jaxlab.rl import replay
-from jaxlab.rl.dreamer import behavior, rssm
-
-log = logging.getLogger("jaxlab")
+from jaxlab.rl.dreamer import behavior, dist, rssm
 
 MODES = ("single", "shared", "grouped")
 
@@ -134,6 +127,7 @@ class Agent:
     self.critic_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.critic_lr, eps=1e-5))
     self._update = jax.jit(self._update_impl, donate_argnums=(0,), static_argnames=("members",))
     self._act = jax.jit(self._act_impl, static_argnames=("mode",))
+    self._task_grads = jax.jit(self._task_grads_impl, static_argnames=("exclude",))
 
   # ---------------------------------------------------------------- state
   def init(self, key, assign: np.ndarray) -> dict:
@@ -204,11 +198,9 @@ class Agent:
       return optax.apply_updates(params, upd), state
     actor, actor_opt = opt_step(self.actor_opt, st["ac"]["actor"], g["actor"], st["actor_opt"])
     critic, critic_opt = opt_step(self.critic_opt, st["ac"]["critic"], g["critic"], st["critic_opt"])
-    slow = jax.tree.map(lambda s, f: (1 - bcfg.slow_rate) * s + bcfg.slow_rate * f, st["slow"], critic)
+    slow = behavior.update_slow({"slow": st["slow"], "critic": critic}, bcfg.slow_rate)["slow"]
     # The return range of each task: 95th - 5th percentile of its imagined returns, as an EMA (DreamerV3).
-    flat = rets.reshape(self.num_tasks, -1)
-    rng = jnp.percentile(flat, 95, axis=1) - jnp.percentile(flat, 5, axis=1)
-    ret_range = 0.99 * st["ret_range"] + 0.01 * rng
+    ret_range, _ = jax.vmap(dist.percentile_scale)(rets.reshape(self.num_tasks, -1), st["ret_range"])
     new = {"wm": wm, "wm_opt": wm_opt, "ac": {"actor": actor, "critic": critic}, "slow": slow,
            "actor_opt": actor_opt, "critic_opt": critic_opt, "ret_range": ret_range}
     met = {**{f"wm/{k}": v.mean() for k, v in wm_met.items()}, **{f"ac/{k}": v for k, v in bh_met.items()}}
@@ -255,12 +247,16 @@ class Agent:
     tids = np.repeat(np.arange(t_n), batches * b).astype(np.int32)
     data = replay.sample_sequences(buf, key, len(tids), self.cfg.seq_len, tasks=jnp.asarray(tids))
     data = {k: v.reshape((t_n, batches, b) + v.shape[1:]) for k, v in data.items() if k != "valid"}
+    return np.asarray(self._task_grads(model, data, exclude=tuple(exclude)))
 
+  def _task_grads_impl(self, model, data, exclude):
     def obs_loss(p, batch):
       return rssm.loss(p, self.wcfg, batch, jax.random.key(0), self.obs_mask)[1][0]["obs"]
-    return np.asarray(jax.jit(lambda p, d: grouping_lib.task_gradients(obs_loss, p, d, exclude=exclude))(model, data))
+    return grouping_lib.task_gradients(obs_loss, model, data, exclude=exclude)
 
-
-def group_tasks(sim: np.ndarray, g: GroupingConfig) -> np.ndarray:
-  n = g.num_groups or None
-  return grouping_lib.cluster(sim, n, threshold=None if n else g.threshold)
+  def group(self, st, buf, key, g: GroupingConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(labels (T,), cosine matrix (T, T)) of the tasks' world-model gradients, clustered as `g` says."""
+    sim = grouping_lib.cosine_matrix(self.task_gradients(st, buf, key, g.grad_batches, tuple(g.exclude)))
+    n = g.num_groups or None
+    labels = grouping_lib.cluster(sim, n, threshold=None if n else g.threshold)
+    return labels.astype(np.int64), sim

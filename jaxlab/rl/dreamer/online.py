@@ -117,11 +117,13 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
   metrics = {}
   bar = progress.bar(total_steps, initial=meta["steps"], desc=desc)
 
+  wall0, t_start = meta["wall_s"], time.time()
+
   def save():
-    meta["wall_s"] += time.time() - t0_save[0]
-    t0_save[0] = time.time()
-    ckpt.save(meta["steps"], {"agent": st, "replay": buf}, meta={"loop": meta}, force=True)
-  t0_save = [time.time()]
+    meta["wall_s"] = wall0 + time.time() - t_start
+    if ckpt.latest_step() != meta["steps"]:
+      ckpt.save(meta["steps"], {"agent": st, "replay": buf}, meta={"loop": meta}, force=True)
+
   while meta["steps"] < total_steps:
     step = meta["steps"]
     k = jax.random.fold_in(key, 1_000_000 + step)
@@ -155,11 +157,7 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
                    ((not meta["grouped"] and env_step >= g.group_at) or
                     (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
     if regroup_due:
-      grads = agent.task_gradients(st, buf, jax.random.fold_in(key, 2_000_000 + step), g.grad_batches,
-                                   tuple(g.exclude))
-      from jaxlab.multitask import grouping as grouping_lib  # pylint: disable=g-import-not-at-top
-      sim = grouping_lib.cosine_matrix(grads)
-      new = agent_lib.group_tasks(sim, g).astype(np.int64)
+      new, sim = agent.group(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
       meta["groupings"].append([int(env_step), new.tolist(), np.round(sim, 4).tolist()])
       if not np.array_equal(new, assign):
         st = agent.split_groups(st, assign, new)
@@ -175,10 +173,9 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
       save()
   bar.close()
   eval_ret = evaluate(agent, st, benv, assign, eval_episodes, jax.random.fold_in(key, 3)) if eval_episodes else None
-  meta["wall_s"] += time.time() - t0_save[0]
+  meta["wall_s"] = wall0 + time.time() - t_start
   if ckpt is not None:
-    if ckpt.latest_step() != meta["steps"]:
-      ckpt.save(meta["steps"], {"agent": st, "replay": buf}, meta={"loop": meta}, force=True)
+    save()
     ckpt.close()
   return {"episodes": meta["episodes"], "eval": None if eval_ret is None else eval_ret.tolist(),
           "assign": [int(x) for x in assign], "groupings": meta["groupings"], "updates": meta["updates"],
