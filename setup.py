@@ -36,6 +36,9 @@ EXTRAS["test"] += EXTRAS["tpu-aot"]   # the compile-check tests (the suite runs 
 EXTRAS["gymnax"] = ["gymnax>=1.0"]
 # Not in "all" (large): TFDS's glue / super_glue builders need TensorFlow (CurvZO's full-scale configs).
 EXTRAS["glue"] = ["tensorflow>=2.15"]
+# Not in "all" (large: torch): Demucs, the blind separator of Polyphonia's full-scale prior, run in a subprocess
+# (`jaxlab.audio.separation.demucs_prior`).
+EXTRAS["demucs"] = ["demucs>=4.0.1"]
 
 setup(
     name="jaxlab",

@@ -9,4 +9,6 @@ text-to-spectrogram diffusion model, and multitrack data.
 * `model`: `TextToSpec`, the DiT core over a spectrogram with cross-attention to instrument tokens and an
   attention-controller hook (`jaxlab.diffusion.controllers`); sampled and inverted by `jaxlab.diffusion.ddpm`.
 * `multitrack`: MUSDB18-HQ / MoisesDB folders of stem WAVs, per-host slices, clips, host-side features.
+* `separation`: stem priors for attention calibration: an imperfect separator's version of the oracle mask, and
+  Demucs (the optional `demucs` extra) in a subprocess.
 """

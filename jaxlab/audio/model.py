@@ -191,3 +191,32 @@ def guided_denoiser(model: TextToSpec, tokens: jax.Array, scale, *, controller: 
     cond, uncond = jnp.split(out, 2)
     return ddpm.cfg(lambda *_: cond, lambda *_: uncond, scale)(x, t)
   return fn
+
+
+def paired_guided_denoiser(model: TextToSpec, tokens: jax.Array, scale, *, controller: ctl.Controller | None = None,
+                           ctx: dict | None = None):
+  """Classifier-free guidance on a [source; target] batch of 2P edit pairs, with the model's batch laid out as
+  [source cond; source uncond; target cond; target uncond] so that a pair controller (`controllers.calibrate`,
+  `controllers.inject_source`), which splits the batch into halves, sees the source branches in its first half
+  and the matching target branches in its second. `scale` a float or (2P,) ([source scales; target scales]);
+  `ctx` entries with a leading axis of P (per pair) are repeated for the two guidance branches.
+
+  (`guided_denoiser` lays the batch out as [cond; uncond], which is what single-prompt controllers expect.)"""
+  c = model.config
+
+  def fn(x, t):
+    b = x.shape[0]
+    if b % 2:
+      raise ConfigError(f"paired_guided_denoiser: the batch {b} must be [source; target] halves")
+    p = b // 2
+    null = jnp.full((p,) + tokens.shape[1:], -1, jnp.int32).at[:, 0].set(c.null_id)
+    quarter = lambda a, n: jnp.concatenate([a[:p], n[:p], a[p:], n[p:]])
+    pair_ctx = None if ctx is None else {
+        k: (jnp.concatenate([v, v]) if hasattr(v, "shape") and v.ndim and v.shape[0] == p else v)
+        for k, v in ctx.items()}
+    out = model(quarter(x, x), quarter(t, t), jnp.concatenate([tokens[:p], null, tokens[p:], null]),
+                controller=controller, ctx=pair_ctx)
+    sc, su, tc, tu = jnp.split(out, 4)
+    cond, uncond = jnp.concatenate([sc, tc]), jnp.concatenate([su, tu])
+    return ddpm.cfg(lambda *_: cond, lambda *_: uncond, scale)(x, t)
+  return fn

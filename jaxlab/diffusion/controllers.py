@@ -16,12 +16,15 @@ model passes no hook at all, so outputs are bit-identical to an uncontrolled mod
   P2P copies the post-softmax maps of the whole prompt; copying chosen pre-softmax columns is the form a logit
   hook allows (with all columns copied the two are the same).
 * `calibrate`: Polyphonia's acoustic-informed attention calibration (Li et al., ICML 2026, arXiv 2605.10203: "source
-  interpolation + acoustic modulation" of the pre-softmax cross-attention logits with an ideal-ratio-mask prior;
-  the equation below is our reconstruction from the paper's description). With the batch as [source; target]
-  halves, a prior M in [0, 1] per query token (the target stem's share of that time-frequency cell) and the
-  target-stem token j* of each pair, the target half's logits become
-      l~ = (1 - M) l_src + M l_tgt            (source interpolation: outside the stem the source's attention)
-      l^_{j*} = l~_{j*} + gamma log(M + eps)   (acoustic modulation: the new stem token confined to the stem)
+  interpolation + acoustic modulation" of the pre-softmax cross-attention logits with an acoustic prior G, the
+  target stem's share of each time-frequency cell). With the batch as [source; target] halves, G in [0, 1] per
+  query token and the target-stem token j* of each pair, the target half's logits become
+      l~ = (1 - G) l_src + G l_tgt            (source interpolation: outside the stem the source's attention)
+      l^_{j*} = l~_{j*} + gamma G             (acoustic modulation, modulation="linear": the paper's E + lambda B
+                                               with B = G (x) m_text, m_text the one-hot of the stem's token;
+                                               the official code's lambda = mask_bias_strength = 2.5)
+      l^_{j*} = l~_{j*} + gamma log(G + eps)   (modulation="log": a reconstruction that also suppresses j*
+                                               outside the stem; kept as an option)
   in the chosen layers and timestep range. `mode="probs"` applies the same rule after the softmax (a negative
   control: the paper calibrates before it).
 * `compose`: controllers applied in order.
@@ -102,16 +105,19 @@ def inject_source(tokens: Sequence[int], *, layers: Sequence[int] | None = None,
 
 
 def calibrate(*, gamma: float = 1.0, eps: float = 1e-2, layers: Sequence[int] | None = None,
-              t_range: tuple[int, int] | None = None, mode: str = "logits") -> Controller:
+              t_range: tuple[int, int] | None = None, mode: str = "logits", modulation: str = "log") -> Controller:
   """Polyphonia's calibration (see the module docstring) on a [source; target] batch.
 
   ctx: "prior" (B/2, L) float in [0, 1], M per query token in the model's token order (a stem mask pooled to the
   layer's grid); "target" (B/2,) int, the position j* of the edited stem's token in the prompt; for mode "probs"
   also "mask" (B/2, S) bool, the prompt's valid tokens (the hook sees logits before the padding mask).
-  gamma = 0 turns the modulation off; a prior of ones reduces the rule to the plain target logits (up to
-  gamma log(1 + eps) on j*)."""
+  gamma = 0 turns the modulation off; a prior of ones reduces the rule to the plain target logits up to a constant
+  shift of j* (gamma, or gamma log(1 + eps))."""
   if mode not in ("logits", "probs"):
     raise ConfigError(f"calibrate: mode={mode!r}; use 'logits' (the paper) or 'probs' (the post-softmax control)")
+  if modulation not in ("linear", "log"):
+    raise ConfigError(f"calibrate: modulation={modulation!r}; use 'linear' (the paper: + gamma G) or 'log' "
+                      "(+ gamma log(G + eps))")
   if eps <= 0 or gamma < 0:
     raise ConfigError(f"calibrate: need eps > 0 and gamma >= 0, got eps={eps}, gamma={gamma}")
   keep = None if layers is None else {int(i) for i in layers}
@@ -129,7 +135,7 @@ def calibrate(*, gamma: float = 1.0, eps: float = 1e-2, layers: Sequence[int] | 
                         "pool the mask to the layer's token grid")
     m = prior[:, None, :, None]
     sel = (jnp.arange(tgt.shape[-1])[None, :] == jnp.asarray(ctx["target"])[:, None])[:, None, None, :]
-    shift = gamma * jnp.log(m + eps) * sel
+    shift = gamma * (m if modulation == "linear" else jnp.log(m + eps)) * sel
     if mode == "logits":
       new = (1.0 - m) * src + m * tgt + shift
     else:

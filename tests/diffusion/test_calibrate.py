@@ -11,7 +11,7 @@ from jaxlab.diffusion import controllers as ctl
 from jaxlab.errors import ConfigError
 
 
-def _brute(src, tgt, prior, target, gamma, eps):
+def _brute(src, tgt, prior, target, gamma, eps, modulation="log"):
   out = np.array(tgt, np.float64)
   b, h, l, s = tgt.shape
   for i in range(b):
@@ -21,7 +21,7 @@ def _brute(src, tgt, prior, target, gamma, eps):
         for j in range(s):
           v = (1 - m) * src[i, k, q, j] + m * tgt[i, k, q, j]
           if j == target[i]:
-            v += gamma * math.log(m + eps)
+            v += gamma * (m if modulation == "linear" else math.log(m + eps))
           out[i, k, q, j] = v
   return out
 
@@ -41,6 +41,20 @@ def test_matches_a_brute_force_loop():
   np.testing.assert_array_equal(out[:3], logits[:3])                       # the source half is untouched
   np.testing.assert_allclose(out[3:], _brute(logits[:3], logits[3:], prior, target, 1.7, 0.05), rtol=1e-5,
                              atol=1e-5)
+
+
+def test_linear_modulation_matches_the_loop():
+  """The paper's form: + gamma G on the stem token (no suppression outside the stem: G == 0 gives the source)."""
+  logits, prior, target = _case(3)
+  out = np.asarray(ctl.calibrate(gamma=2.5, modulation="linear")(logits, 0, np.zeros(6), {"prior": prior,
+                                                                                          "target": target}))
+  np.testing.assert_allclose(out[3:], _brute(logits[:3], logits[3:], prior, target, 2.5, 0.0, "linear"), rtol=1e-5,
+                             atol=1e-5)
+  zero = ctl.calibrate(gamma=2.5, modulation="linear")(logits, 0, np.zeros(6), {"prior": np.zeros_like(prior),
+                                                                                "target": target})
+  np.testing.assert_allclose(np.asarray(zero)[3:], logits[:3], atol=1e-6)
+  with pytest.raises(ConfigError, match="modulation"):
+    ctl.calibrate(modulation="exp")
 
 
 def test_limits_of_the_prior():
