@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxlab import claims, configs
 # the multitrack folder's check when a run starts (the same folder layout as spectro_diffusion's full variant)
-from jaxlab.experiments.spectro_diffusion.config import require_data  # noqa: F401  pylint: disable=unused-import
+from jaxlab.experiments.spectro_diffusion.config import require_data  # noqa: F401
 
 SEEDS = (0, 1, 2)             # claim seeds; calibration on validation seeds 100 and 101 (README)
 NONTARGET_RATIO_MAX = 0.7     # issue 42 claim 1: non-target LSD of Polyphonia <= 0.7x prompt swap's
