@@ -8,6 +8,7 @@ then timed as the best of `--repeats` calls (`jaxlab.ar.generate.images_per_seco
 and, with `--json PATH`, writes the cells.
 
     python -m jaxlab.ar.speed --case tiny --batch 1,32,256 --tokens_per_step 1,2,4,8
+    python -m jaxlab.ar.speed --case tiny --batch 1 --tokens_per_step 1,4 --head_steps 1   # without the head
 """
 
 from __future__ import annotations
@@ -34,15 +35,17 @@ CASES = {
 }
 
 
-def build(case: str) -> tuple[gen.GroupedSampler, model_lib.ARConfig]:
+def build(case: str, head_steps: int | None = None) -> tuple[gen.GroupedSampler, model_lib.ARConfig]:
+  """The case's sampler (random weights); `head_steps` overrides the case's number of head Euler steps."""
   spec = CASES[case]
   ar = model_lib.ARConfig(**spec["ar"])
   sar = gen.SAR(ar, head_lib.HeadConfig(ar.token_dim, ar.hidden, **spec["head"]), rngs=nnx.Rngs(0))
-  return gen.GroupedSampler(sar, head_steps=spec["head_steps"], cfg=spec["cfg"]), ar
+  return gen.GroupedSampler(sar, head_steps=head_steps or spec["head_steps"], cfg=spec["cfg"]), ar
 
 
-def table(case: str, batches, ks, repeats: int = 3) -> list[dict]:
-  sampler, ar = build(case)
+def table(case: str, batches, ks, repeats: int = 3, head_steps: int | None = None) -> list[dict]:
+  sampler, ar = build(case, head_steps)
+  steps_k = head_steps or CASES[case]["head_steps"]
   rows = []
   for b in batches:
     labels = jnp.arange(b) % ar.num_classes
@@ -52,7 +55,7 @@ def table(case: str, batches, ks, repeats: int = 3) -> list[dict]:
       ips = gen.images_per_second(lambda sizes=sizes: sampler(labels, sizes, jax.random.key(0)), b, repeats=repeats)
       base = ips if base is None else base
       rows.append({"case": case, "batch": b, "tokens_per_step": k, "steps": len(sizes), "images_per_s": ips,
-                   "speedup": ips / base, "device": jax.devices()[0].device_kind})
+                   "speedup": ips / base, "head_steps": steps_k, "device": jax.devices()[0].device_kind})
       print(f"| {case} | {b} | {k} | {len(sizes)} | {ips:.1f} | {ips / base:.2f}x |", flush=True)
   return rows
 
@@ -63,6 +66,8 @@ def main(argv=None) -> int:
   p.add_argument("--batch", default="1,32", help="comma-separated images per call")
   p.add_argument("--tokens_per_step", default="1,2,4,8", help="comma-separated k (the first is the baseline)")
   p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--head_steps", type=int, default=0,
+                 help="head Euler steps per group (default: the case's); 1 isolates the trunk and the dispatch")
   p.add_argument("--json", default="", help="also write the rows here")
   a = p.parse_args(argv)
   try:
@@ -71,9 +76,12 @@ def main(argv=None) -> int:
   except ValueError:
     print("error: --batch and --tokens_per_step take comma-separated integers, e.g. --batch 1,32", file=sys.stderr)
     return 2
+  if a.head_steps < 0:
+    print(f"error: --head_steps={a.head_steps} must be >= 1 (or 0 for the case's default)", file=sys.stderr)
+    return 2
   print(f"device: {jax.devices()[0].device_kind}\n| case | batch | tokens/step | steps | images/s | vs first |\n"
         "|---|---|---|---|---|---|")
-  rows = table(a.case, batches, ks, a.repeats)
+  rows = table(a.case, batches, ks, a.repeats, a.head_steps or None)
   if a.json:
     with open(a.json, "w") as f:
       json.dump(rows, f, indent=1)

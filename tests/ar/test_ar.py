@@ -262,3 +262,8 @@ def test_speed_cli(tmp_path, capsys):
   assert [r["steps"] for r in rows] == [16, 2] and rows[0]["speedup"] == 1.0 and rows[1]["images_per_s"] > 0
   assert speed.main(["--batch", "two"]) == 2
   assert "comma-separated integers" in capsys.readouterr().err
+  assert speed.main(["--batch", "1", "--tokens_per_step", "4", "--repeats", "1", "--head_steps", "1",
+                     "--json", str(tmp_path / "h1.json")]) == 0
+  assert json.loads((tmp_path / "h1.json").read_text())[0]["head_steps"] == 1
+  assert speed.main(["--head_steps", "-1"]) == 2
+  assert "--head_steps" in capsys.readouterr().err
