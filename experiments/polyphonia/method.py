@@ -48,17 +48,9 @@ stats = sd.stats
 clip_range = sd.clip_range
 
 
-def make_model_fn(config):
-  return sd.make_model_fn(config)
-
-
-def make_loss_fn(config):
-  return sd.make_loss_fn(config)
-
-
-def train_data(config) -> dict:
-  """The training clips ({"train", "held"} as in spectro_diffusion) with this experiment's drums rate."""
-  return sd.synth_data(config)
+make_model_fn = sd.make_model_fn
+make_loss_fn = sd.make_loss_fn
+train_data = sd.synth_data      # the training clips ({"train", "held"}) with this experiment's drums rate
 
 
 @dataclasses.dataclass
@@ -123,9 +115,9 @@ def write_jsonl(tasks: Tasks, path: str) -> str:
   """The task grid as JSON lines (one edit task a line: clip seed, stem, source and target instrument, the two
   prompts as instrument names)."""
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  name = lambda t: [VOCAB[int(j)] for j in t if j >= 0]  # noqa: E731
   with open(path + ".tmp", "w") as f:
     for k in range(len(tasks)):
-      name = lambda t: [VOCAB[int(j)] for j in t if j >= 0]
       f.write(json.dumps({"task": k, "clip": int(tasks.clip[k]), "clip_seed": int(tasks.seeds[k]), "stem": 0,
                           "source": PITCHED[int(tasks.src_label[k])], "target": PITCHED[int(tasks.tgt_label[k])],
                           "source_prompt": name(tasks.src_tokens[k]),
@@ -145,7 +137,7 @@ def priors(config, tasks: Tasks, key) -> dict[str, np.ndarray]:
 
 
 def _controller(config, arm, max_tokens: int):
-  """(controller or None, prior key or None, prior transform) for an arm."""
+  """(controller or None, prior key or None) for an arm ("ones": a prior of ones)."""
   c = config.calibration
   layers = None if not len(c.layers) else tuple(int(i) for i in c.layers)
   t_range = None if c.t_max <= 0 else (int(c.t_min), int(c.t_max))

@@ -73,6 +73,13 @@ def _tasks(config):
   return _CACHE[key]
 
 
+def _priors(config):
+  key = ("priors", config.to_json())
+  if key not in _CACHE:
+    _CACHE[key] = method.priors(config, _tasks(config), jax.random.key(int(config.seed)))
+  return _CACHE[key]
+
+
 def classifier_stage(ctx, data) -> dict:
   clf = _classifier(ctx.config, data)
   tasks = _tasks(ctx.config)
@@ -84,7 +91,7 @@ def classifier_stage(ctx, data) -> dict:
 def tasks_stage(ctx) -> dict:
   tasks = _tasks(ctx.config)
   path = method.write_jsonl(tasks, os.path.join(ctx.subdir(), "tasks.jsonl"))
-  prior = method.priors(ctx.config, tasks, jax.random.key(int(ctx.config.seed)))
+  prior = _priors(ctx.config)
   hard = lambda m: m >= 0.5
   inter = np.sum(hard(prior["imperfect"]) & hard(prior["oracle"]))
   union = np.sum(hard(prior["imperfect"]) | hard(prior["oracle"]))
@@ -101,15 +108,14 @@ def _moments(x) -> dict:
 def edit_stage(ctx, data, norm, mean, std) -> dict:
   config = ctx.config
   tasks = _tasks(config)
-  prior = method.priors(config, tasks, jax.random.key(int(config.seed)))
+  prior = _priors(config)
   model = sd_train._ema_model(sd_train._fit(ctx, norm))  # pylint: disable=protected-access
   with progress.bar(total=len(tasks) * len(method.ARMS), desc="edits (tasks x arms)") as bar:
     edits = method.run_arms(config, model, tasks.source, tasks.src_tokens, tasks.tgt_tokens, prior, ctx.key(), mean,
                             std, bar=bar)
   per = method.score(edits, tasks, _classifier(config, data), config_lib.NONTARGET_MASK)
   out = {k: float(np.mean(v)) for k, v in per.items()}
-  nt, acc, truth = (lambda a: per[f"lsd_nontarget/{a}"]), (lambda a: per[f"acc/{a}"]), \
-      (lambda a: per[f"lsd_truth/{a}"])
+  acc, truth = (lambda a: per[f"acc/{a}"]), (lambda a: per[f"lsd_truth/{a}"])
   out["ratio/nontarget"] = out["lsd_nontarget/polyphonia"] / out["lsd_nontarget/prompt_swap"]
   out["ratio/acc_vs_swap"] = out["acc/polyphonia"] / max(out["acc/prompt_swap"], 1e-9)
   for k, v in _moments(acc("polyphonia") - acc("injection")).items():

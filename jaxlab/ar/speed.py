@@ -44,8 +44,8 @@ def build(case: str, head_steps: int | None = None) -> tuple[gen.GroupedSampler,
 
 
 def table(case: str, batches, ks, repeats: int = 3, head_steps: int | None = None) -> list[dict]:
+  head_steps = head_steps or CASES[case]["head_steps"]
   sampler, ar = build(case, head_steps)
-  steps_k = head_steps or CASES[case]["head_steps"]
   rows = []
   for b in batches:
     labels = jnp.arange(b) % ar.num_classes
@@ -55,7 +55,7 @@ def table(case: str, batches, ks, repeats: int = 3, head_steps: int | None = Non
       ips = gen.images_per_second(lambda sizes=sizes: sampler(labels, sizes, jax.random.key(0)), b, repeats=repeats)
       base = ips if base is None else base
       rows.append({"case": case, "batch": b, "tokens_per_step": k, "steps": len(sizes), "images_per_s": ips,
-                   "speedup": ips / base, "head_steps": steps_k, "device": jax.devices()[0].device_kind})
+                   "speedup": ips / base, "head_steps": head_steps, "device": jax.devices()[0].device_kind})
       print(f"| {case} | {b} | {k} | {len(sizes)} | {ips:.1f} | {ips / base:.2f}x |", flush=True)
   return rows
 
