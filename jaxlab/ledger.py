@@ -136,12 +136,15 @@ def code_digest(data: bytes, path: str = "") -> str:
   return hashlib.sha256(data).hexdigest()
 
 
-def digests(paths: Iterable[str], root: str = ROOT) -> dict[str, str]:
-  """{path: `code_digest` of the file} (paths relative to `root`)."""
+def digests(paths: Iterable[str], root: str = ROOT, memo: dict[str, str] | None = None) -> dict[str, str]:
+  """{path: `code_digest` of the file} (paths relative to `root`; `memo` keeps digests across calls)."""
+  memo = {} if memo is None else memo
   out = {}
   for p in paths:
-    with open(os.path.join(root, p), "rb") as f:
-      out[p] = code_digest(f.read(), p)
+    if p not in memo:
+      with open(os.path.join(root, p), "rb") as f:
+        memo[p] = code_digest(f.read(), p)
+    out[p] = memo[p]
   return out
 
 
@@ -216,13 +219,13 @@ def read(paper: str, root: str = ROOT) -> dict[str, Any] | None:
 def stale(papers: Sequence[str], root: str = ROOT) -> dict[str, list[str]]:
   """{paper: [changed, added or removed source files]} for experiments whose ledger is out of date
   (a missing ledger lists `claims.json` itself)."""
-  out = {}
+  out, memo = {}, {}
   for paper in papers:
     led = read(paper, root)
     if led is None:
       out[paper] = [os.path.relpath(ledger_path(paper, root), root) + " (missing)"]
       continue
-    now = digests(import_closure(paper, root), root)
+    now = digests(import_closure(paper, root), root, memo)
     before = led.get("sources", {})
     changed = sorted(p for p in set(now) | set(before) if now.get(p) != before.get(p))
     if changed:

@@ -3,8 +3,9 @@
     python -m jaxlab.reproduce quickstart                 # tiny variant, the paper's default seeds
     python -m jaxlab.reproduce PAPER [PAPER ...] [--variant tiny] [--seeds 0,1,2] [--out DIR] [--resume]
     python -m jaxlab.reproduce --all | --list
-    python -m jaxlab.reproduce --stale                    # experiments whose ledger is out of date
+    python -m jaxlab.reproduce --stale                    # experiments whose ledger is out of date (exit 1 if any)
     python -m jaxlab.reproduce --table                    # the README's results table from the ledgers
+    python -m jaxlab.reproduce --verify [PAPER ...]       # re-stamp stale ledgers whose canary is unchanged
 
 For each paper it writes `OUT/<paper>/results.json` ({"paper", "variant", "seeds", "claims": [{"name",
 "text", "measured", "target", "passed"}], "runs": [summaries], "wall_s"}), per-seed run directories
@@ -14,6 +15,9 @@ Runs start fresh unless `--resume` is given (then finished seeds are reused and 
 wall time reported is the runs' own, summed over their sessions).
 A run of the claims as declared (tiny variant, the paper's SEEDS, no overrides) also writes the paper's
 ledger `experiments/<paper>/claims.json` (see `jaxlab.ledger`): what the README's results table shows.
+`--verify` proves that a change to the code changes no number of a stale ledger by running the experiment's
+canary before and after the change (see `jaxlab.canary`); it exits 0 only when every ledger it checked is
+current or verified.
 """
 
 from __future__ import annotations
@@ -125,6 +129,29 @@ def format_table(all_results: list[dict]) -> str:
   return "\n".join(out)
 
 
+def _verify(papers: list[str], out: str, jobs: int | None) -> int:
+  from jaxlab import canary, registry, workdir as workdir_lib
+  known = registry.names()
+  for p in papers:
+    if p not in known:
+      from jaxlab.errors import ConfigError
+      raise ConfigError(f"unknown experiment {p!r}; known: {', '.join(known)}")
+  if jobs is not None and jobs < 1:
+    from jaxlab.errors import ConfigError
+    raise ConfigError(f"--jobs={jobs}: give at least 1 (experiments verified at once)")
+  workdir_lib.check_output_dir(out, "--out")
+  papers = papers or sorted(ledger.stale(known))
+  if not papers:
+    print("every ledger is up to date: nothing to verify")
+    return 0
+  print(f"verifying {len(papers)} ledger(s): {', '.join(papers)}", file=sys.stderr, flush=True)
+  results = canary.verify(papers, out, jobs=jobs)
+  bad = {p: r for p, r in results.items() if r not in ("verified", "current")}
+  print(f"{len(results) - len(bad)} of {len(results)} verified or current" +
+        (f"; re-run: python -m jaxlab.reproduce {' '.join(bad)}" if bad else ""))
+  return 1 if bad else 0
+
+
 def main(argv: list[str]) -> int:
   argv, overrides = cli.split_overrides(argv)
   parser = argparse.ArgumentParser(
@@ -136,14 +163,21 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--list", action="store_true", help="list experiments and exit")
   parser.add_argument("--variant", default="tiny", help="config variant (default: tiny, the one the claims are on)")
   parser.add_argument("--seeds", default=None, help="comma-separated seeds, e.g. 0,1,2 (default: the paper's SEEDS)")
-  parser.add_argument("--out", default="results/reproduce", help="output directory (default: results/reproduce)")
+  parser.add_argument("--out", default=None, help="output directory (default: results/reproduce; with --verify: "
+                      "results/verify)")
   parser.add_argument("--resume", action="store_true", help="reuse finished seeds, resume unfinished ones "
                       "(without it every seed starts over)")
   parser.add_argument("--stale", action="store_true", help="list the experiments whose ledger "
-                      "(experiments/<paper>/claims.json) predates a change to a file they import, and exit")
+                      "(experiments/<paper>/claims.json) predates a change to a file they import, and exit "
+                      "(1 when any is stale)")
   parser.add_argument("--table", action="store_true", help="print the README's results table from the ledgers "
                       "and exit (with --write_readme: also replace the table in README.md)")
   parser.add_argument("--write_readme", action="store_true", help="with --table: write it into README.md")
+  parser.add_argument("--verify", action="store_true", help="run the canaries of the stale experiments (or of "
+                      "PAPERs) at the ledger's commit and on the working tree; re-stamp the ledgers whose outputs "
+                      "are equal bit for bit, name the first difference of the others")
+  parser.add_argument("--jobs", type=int, default=None, help="with --verify: experiments verified at once "
+                      "(default: one per CPU core, at most 8)")
   parser.add_argument("--no_ledger", action="store_true", help="do not write experiments/<paper>/claims.json")
   args = parser.parse_args(argv)
   from jaxlab import registry
@@ -171,7 +205,10 @@ def main(argv: list[str]) -> int:
     for name, files in old.items():
       print(f"{name:24s} {', '.join(files[:4])}{f' (+{len(files) - 4} more)' if len(files) > 4 else ''}")
     print(f"{len(old)} stale" if old else "every ledger is up to date")
-    return 0
+    return 1 if old else 0
+  if args.verify:
+    return _verify(args.papers, args.out or "results/verify", args.jobs)
+  args.out = args.out or "results/reproduce"
   seeds = cli.parse_seeds(args.seeds)
   workdir_lib.check_output_dir(args.out, "--out")
   distributed.initialize()

@@ -78,6 +78,22 @@ def _fast_compiles(config) -> None:
   os.environ["XLA_FLAGS"] = (flags + " --xla_backend_optimization_level=0").strip()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config):
+  """The whole default suite (`python -m pytest`, no paths given) runs on two pytest-xdist workers, each a
+  process with its own 8 fake devices and compilation cache, one test file per worker at a time (a file's
+  module fixtures are built once). Named files or tests, `-m slow` (claim runs, whose timings a second worker
+  would disturb), an explicit `-n`, or `JAXLAB_TEST_WORKERS=0` run as before; `JAXLAB_TEST_WORKERS=N` sets
+  the count."""
+  workers = int(os.environ.get("JAXLAB_TEST_WORKERS", "2"))
+  if (workers < 2 or not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput")
+      or config.getoption("numprocesses", None) or config.getoption("markexpr", "") != "not slow"
+      or config.args_source != pytest.Config.ArgsSource.TESTPATHS):
+    return
+  config.option.numprocesses = workers
+  config.option.dist = "loadfile"
+
+
 def pytest_configure(config):
   """Fast compiles for the default run (`_fast_compiles`), and a persistent compilation cache for this test
   session (a fresh temporary folder, removed at the end).

@@ -31,6 +31,11 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "forward passes"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"exact.d": 256, "exact.n_keys": 16, "unbiased.n_keys": 512, "variance.d": 256, "variance.blocks": 16,
+          "variance.n_keys": 256, "variance.chunk": 64, "race.d": 200, "race.blocks": 10, "race.relevant": 2,
+          "race.steps": 40, "race.log_every": 20}
+
 CLAIMS = [
     claims.Claim("mezo_exact", "MeZO's projected gradient equals z . grad f on a quadratic: max relative error "
                  "over 128 keys (float64, eps = 1e-3), worst seed", claims.maximum("exact/max_rel_err_f64"),

@@ -46,6 +46,12 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
           "(fine_*, issue 25) are reported there with per-seed numbers"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.train_series": 8, "data.train_length": 128, "data.test_series": 8, "data.lookback": 32,
+          "data.eval_lookbacks": (32, 64), "data.horizon": 8, "model.d_model": 8, "model.d_state": 4,
+          "model.min_len": 16, "train.batch_size": 8, "train.num_steps": 4, "train.log_every": 2,
+          "train.checkpoint_every": 2}
+
 CLAIMS = [
     claims.Claim("zoh_identity", "exact ZOH: r steps at Delta == one step at r*Delta on window-constant input "
                  "(max abs error, fp32)", claims.maximum("zoh/max_err"), "<=", 1e-5),

@@ -47,6 +47,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            " distance to the union <= 0.05; subspace shares within 0.1 of 1/M"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.settings": ((8, 2, 2),), "data.ns": (32, 64), "method.steps": 20, "method.chunk": 16,
+          "eval.projections": 16}
+
 CLAIMS = [
     claims.Claim("rate_union", "D=32, k=3, M=3: fitted slope of log W1(generated, fresh) vs log n in [-0.40, -0.25] "
                  "(theory -1/3; mean of 3 seeds)", claims.mean(f"slope/kde/{UOS}"), "in", (-0.40, -0.25)),

@@ -30,6 +30,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
     note="the cycle claim counts the fresh chains (of 12) with the whole cycle; per-chain verdicts in the README",
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"method.steps": 240, "method.chunk": 60, "method.s1_steps": 120, "data.n_seq": 32,
+          "train.checkpoint_every": 2}
+
 CLAIMS = [
     claims.Claim("condense", "S1 (W_V = I): top-1 share of W_E at the condensation point (min over chains), "
                  "attention frozen", claims.minimum("s1/share_E"), ">=", 0.9),

@@ -27,6 +27,11 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "as their class (lower 95% t bound)"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"model.hidden": 32, "model.depth": 2, "model.in_context_start": 1, "model.class_tokens": 2,
+          "train.num_steps": 24, "train.optimizer.warmup_steps": 4, "train.checkpoint_every": 12,
+          "train.log_every": 12, "sample.steps": 4, "judge.steps": 100, "judge.cache_dir": "{tmp}/cache"}
+
 CLAIMS = [
     claims.Claim("fd_ratio", "FD(samples, train) / FD(held-out real, train) in judge features: upper 95% t bound "
                  "of the mean over seeds",

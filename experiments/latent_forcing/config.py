@@ -66,6 +66,12 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
           "latents beats pixel-only, so the jointly generated latent is the bottleneck at this scale (README)"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"model.hidden": 32, "model.depth": 2, "model.heads": 2, "train.num_steps": 16,
+          "train.optimizer.warmup_steps": 4, "train.checkpoint_every": 8, "train.log_every": 8, "sample.steps": 4,
+          "sample.cascade_latent_steps": 2, "sample.num": 64, "sample.batch_size": 32, "judge.steps": 100,
+          "latent.semantic.steps": 30, "judge.cache_dir": "{tmp}/cache"}
+
 CLAIMS = [
     claims.Claim("lf_vs_pixel", "mean FD(cascade, semantic latent) / mean FD(pixel-only), same network / steps / NFE",
                  claims.ratio_of_means(fd_key("lf"), fd_key("pixel")), "<=", LF_RATIO_MAX),

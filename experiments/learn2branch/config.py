@@ -41,6 +41,13 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "ratio above 0); equivariance and strong-branching invariance are exact-property tests"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.sizes": {"n_rows": 100, "n_cols": 200, "density": 0.05}, "data.train_instances": 14,
+          "data.valid_instances": 4, "data.test_instances": 6, "data.p_expert": 0.5, "data.max_samples": 6,
+          "data.cache_dir": "{tmp}/cache", "model.emb": 16, "model.prenorm_batches": 2, "train.num_steps": 20,
+          "train.checkpoint_every": 10, "train.log_every": 10, "solve.instances": 3}
+CANARY_VOLATILE = (r"sb_share",)   # the strong-branching share of the collection's wall time
+
 CLAIMS = [
     claims.Claim("acc1_vs_random", "test acc@1 of the GCNN / that of a uniformly random candidate (mean over seeds)",
                  claims.ratio_of_means("gcnn/acc1", "random/acc1"), ">=", 3.0),

@@ -20,6 +20,11 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "generation on every seed"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"train.num_steps": 20, "train.log_every": 5, "train.eval_every": 10, "train.checkpoint_every": 10,
+          "data.n_train": 512, "data.n_eval": 32, "generate.examples": 16, "generate.batch": 16, "model.hidden": 32,
+          "model.mlp_hidden": 64, "train.optimizer.warmup_steps": 2}
+
 CLAIMS = [
     claims.Claim("exact_match", "greedy generations solve >= 95% of held-out addition problems on every seed",
                  claims.minimum("eval/gen_exact_match"), ">=", 0.95),

@@ -63,6 +63,11 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
           "cuts its own w == 1 ablation's boundary ECE by 21-29%, per-expert temperatures cut more (README)"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.train_size": 20_000, "data.val_size": 5_000, "data.test_size": 20_000, "eval.n_boot": 20,
+          "robust.train_size": 512, "robust.val_size": 2_000, "robust.test_size": 2_000, "robust.hidden": 16,
+          "robust.epochs": 3, "robust.warmup_epochs": 1}
+
 CLAIMS = [
     claims.Claim("hard_invariant", "hard routing, per-expert calibration: max over S1, S2 of |ECE(shift) - ECE(S0)| "
                  "(means of seeds)", _max_shift_gap("hard"), "<=", 0.005),

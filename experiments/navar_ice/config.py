@@ -36,6 +36,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            " the sign-changing edge; a regime edge's ICE dispersion >= 3x a homogeneous edge's"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.length": 200, "method.steps": 30, "method.chunk": 15, "model.hidden": 8, "method.bootstrap": 1,
+          "eval.grid": 9, "eval.keep_ice": 4}
+
 CLAIMS = [
     claims.Claim("auroc", "edge AUROC (off-diagonal) >= 0.95 on every seed", claims.minimum("auroc"), ">=", 0.95),
     claims.Claim("equal_scores", "the four true edges' scalar scores within +-15% of their mean (worst seed)",

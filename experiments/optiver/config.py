@@ -71,6 +71,9 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
     note="the loop's accuracy gains follow from the simulator's error rates, so they are reported, not claimed",
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.num_problems": 12, "loop.rounds": 2}
+
 CLAIMS = [
     *[claims.Claim(f"recall_{c}", f"recall of `{c}` on {' + '.join(TARGETS[c])} corruptions (pooled over seeds)",
                    pooled_recall(c), ">=", MIN_RECALL) for c in TARGETS],

@@ -73,6 +73,11 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
     note="see experiments/pets/README.md",
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.num_questions": 24, "data.pool_size": 16, "method.budgets": (2, 4), "method.nsamples": 64,
+          "online.train_size": 8, "online.budgets": (4, 8), "online.subsample_draws": 100,
+          "online.max_per_question": 16}
+
 CLAIMS = [
     claims.Claim("okg16_ge_uniform32", "offline PETS (OKG) at an average budget of 16 >= uniform at 32, on every seed",
                  claims.fraction(_okg16_vs_uniform32), ">=", 1.0),

@@ -53,6 +53,12 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "prompt swap), closest to the ground-truth edit; ablations and negative controls as the paper implies"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"model.hidden": 32, "model.depth": 2, "model.heads": 2, "model.bottleneck": 16, "model.freq_dim": 32,
+          "data.num_train": 300, "data.num_held": 100, "train.num_steps": 16, "train.optimizer.warmup_steps": 4,
+          "train.checkpoint_every": 8, "train.log_every": 8, "train.batch_size": 16, "tasks.num_clips": 4,
+          "edit.steps": 10, "edit.start": 6, "edit.batch_size": 8, "edit.wavs": 1}
+
 CLAIMS = [
     claims.Claim("nontarget_ratio", "non-target log-spectral distance to the source, Polyphonia / prompt swap "
                  "(mean over seeds of the per-seed means)", claims.mean("ratio/nontarget"), "<=",

@@ -19,6 +19,9 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
     claim="held-out digit accuracy >= 0.93 on every seed (3 seeds); final train loss < log(10)/10",
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shortened, every claim key.
+CANARY = {"train.num_steps": 40, "train.log_every": 10, "train.eval_every": 20, "train.checkpoint_every": 20}
+
 CLAIMS = [
     claims.Claim("test_acc", "held-out digit accuracy >= 0.93 on every seed",
                  measure=claims.minimum("eval/accuracy"), op=">=", target=0.93),

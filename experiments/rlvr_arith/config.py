@@ -33,6 +33,13 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "the shuffled-reward control by <= 0.03; GRPO beats the control by >= 0.10"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.n_train": 160, "data.n_eval": 16, "sft.num_steps": 6, "sft.batch_size": 16, "sft.stop_at": 0.0,
+          "sft.screen": 0, "sft.dev_size": 16, "model.hidden": 32, "model.mlp_hidden": 64,
+          "grpo.num_generations": 4, "grpo.max_new_tokens": 10, "train.batch_size": 4, "train.num_steps": 3,
+          "train.checkpoint_every": 1, "train.log_every": 1, "eval.batch": 16, "train.optimizer.warmup_steps": 1,
+          "rft.prompts": 8, "rft.samples": 4, "rft.num_steps": 2}
+
 CLAIMS = [
     claims.Claim("start_30_50", "the SFT start solves 30-50% of held-out problems greedily (every seed)",
                  claims.fraction(lambda r: 0.3 <= r["eval/acc_sft"] <= 0.5), ">=", 1.0),

@@ -43,6 +43,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "0.1; at eps=0 robust <= 2x vanilla; err(0.1)/err(0.05) in [1.3, 3]"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"mdp.num_states": 4, "method.horizon": 600, "method.stage_steps": 200, "train.checkpoint_every": 1,
+          "method.capacity": 64, "method.burn_in": 5}
+
 CLAIMS = [
     claims.Claim("vanilla_M100", "vanilla Q-learning error ||Q_T - Q*||_inf > 50 at eps = 0.1, M = 100 (mean of seeds)",
                  claims.mean(mag_key(_Q, VANILLA, 100)), ">", 50.0),

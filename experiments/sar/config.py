@@ -54,6 +54,13 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
           "(1.18 here, 1.33 +- 0.2 over seven runs; README)"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"model.hidden": 32, "model.depth": 2, "model.heads": 2, "model.head_width": 32, "model.head_depth": 2,
+          "train.num_steps": 16, "train.optimizer.warmup_steps": 4, "train.checkpoint_every": 8,
+          "train.log_every": 8, "train.batch_size": 32, "sample.head_steps": 4, "sample.num": 40,
+          "sample.batch_size": 20, "sample.speed_batch": 4, "sample.speed_repeats": 1, "judge.steps": 100,
+          "judge.cache_dir": "{tmp}/cache"}
+
 CLAIMS = [
     claims.Claim("vs_regression", "mean FD(SAR @ 4 tokens/step) / mean FD(next-token regression, same trunk)",
                  claims.ratio_of_means(fd_key(k_name(4)), fd_key("regression")), "<=", VS_REGRESSION_MAX),

@@ -59,6 +59,13 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
           "augmentation (the contrastive term adds nothing on top); the 25% data gain is +1.6; README"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.sizes": {"n_rows": 100, "n_cols": 200, "density": 0.05}, "data.train_instances": 24,
+          "data.test_instances": 6, "data.p_expert": 0.5, "data.max_samples": 6, "data.small_share": 0.5,
+          "data.cache_dir": "{tmp}/cache", "model.emb": 16, "model.prenorm_batches": 2, "train.num_steps": 20,
+          "train.checkpoint_every": 10, "train.log_every": 10, "solve.instances": 2}
+CANARY_VOLATILE = (r"sb_share",)   # the strong-branching share of the collection's wall time
+
 CLAIMS = [
     claims.Claim("upstream_gain", "acc@1 on test nodes of depth <= 2: SC-MILP - plain GCNN (mean over seeds)",
                  gain("sc", "plain", True), ">=", 0.03),

@@ -60,6 +60,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
 
 # Pre-registered (README, "Calibration"): thresholds from the issue; the model's sizes were fixed on a numpy
 # prototype over validation worlds 1000-1019 and checked on worlds 1000-1099 before the claim seeds ran.
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"synthetic.levels": 4, "synthetic.budgets": (8, 32, 128), "synthetic.repeats": 3,
+          "synthetic.target_inputs": 256}
+
 CLAIMS = [
     claims.Claim("dstar_never_easier", "min over consecutive budgets of the step of d*(n) = argmin_d seed-mean "
                  "target error (>= 0: non-decreasing in n)", _dstar_min_step, ">=", 0),

@@ -28,6 +28,9 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "points; each client's mapped mean and covariance equal the barycenter's within 1e-4"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.train_per_class": 40, "data.test_per_class": 20, "head.steps": 40}
+
 CLAIMS = [
     claims.Claim("label_shift_gain", "alpha=0.1: macro acc at tau=0.4 minus no alignment (tau=0), mean of 5 seeds",
                  claims.mean("gain/a0.1/t0.4"), ">=", 0.03),

@@ -32,6 +32,12 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "(accuracy >= 0.8, mean and every seed)"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"model.hidden": 32, "model.depth": 2, "model.heads": 2, "model.bottleneck": 16, "model.freq_dim": 32,
+          "data.num_train": 300, "data.num_held": 100, "train.num_steps": 16, "train.optimizer.warmup_steps": 4,
+          "train.checkpoint_every": 8, "train.log_every": 8, "train.batch_size": 16, "sample.num": 16,
+          "sample.batch_size": 16, "sample.steps": 10, "checks.num": 4, "checks.start": 6}
+
 CLAIMS = [
     claims.Claim("timbre_accuracy", "mean over seeds of the timbre classifier's accuracy on the prompted "
                  "instrument of generated mixtures (balanced prompts)", claims.mean("acc/generated"), ">=",

@@ -22,6 +22,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "of 20 estimates within 10% of K, error ~ 1/sqrt(seeds)"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.n": 96, "method.walks": (4, 8), "method.m": 32, "method.t_max": 6, "eval.unbiased_seeds": 2,
+          "eval.unbiased_walks": 4}
+
 CLAIMS = [
     claims.Claim("vs_uniform", "SWING rel. Frobenius error <= 0.5x uniform GRF's at 32 walks/node (mean of 3 seeds)",
                  claims.ratio_of_means("err/swing@32", "err/uniform@32"), "<=", 0.5),

@@ -75,6 +75,10 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
           "gradients after a warm-up, seeds 0-4) found the families on 3 of 5 seeds; README"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"train.num_steps": 40, "grouping.warmup": 10, "grouping.grad_batches": 2, "grouping.exchange_every": 10,
+          "env.horizon": 12, "data.test_episodes": 2, "model.hidden": 16, "model.latent": 8}
+
 CLAIMS = [
     claims.Claim("ari_exact", "share of seeds whose gradient-cosine grouping equals the true families (ARI 1)",
                  ari_all, ">=", 0.8),

@@ -71,6 +71,12 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
     note="README: a zero-action policy already scores 0.75x the PD controller on balance",
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"env.env_steps": 1200, "agent.prefill": 100, "agent.train_every": 6.0, "agent.batch_size": 2,
+          "agent.seq_len": 16, "agent.imag_starts": 16, "model.deter": 16, "model.hidden": 16, "behavior.hidden": 16,
+          "behavior.horizon": 5, "grouping.group_at": 400, "grouping.num_groups": 2, "grouping.grad_batches": 1,
+          "method.baseline_episodes": 1, "agent.checkpoint_every": 400}
+
 CLAIMS = [
     claims.Claim("vs_random", "smallest over seeds: final return on cartpole-balance / a random policy's",
                  vs_random, ">=", 2.0),

@@ -76,6 +76,15 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
 RL = (0, 1, 2)
 HELD_OUT = (3, 4)
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.n_cold": 64, "data.n_train": 64, "data.n_test_per_order": 8, "cold.num_steps": 4,
+          "cold.batch_size": 16, "model.hidden": 32, "model.mlp_hidden": 64, "model.n_layers": 1,
+          "grpo.num_generations": 2, "grpo.max_new_tokens": 8, "train.batch_size": 4, "train.num_steps": 2,
+          "train.checkpoint_every": 1, "train.log_every": 1, "train.optimizer.warmup_steps": 1, "rft.prompts": 8,
+          "rft.samples": 2, "rft.num_steps": 2, "audit.n_train": 200, "audit.n_test": 100, "eval.batch": 40,
+          "eval.kl_prompts": 4, "pretrain.num_steps": 3, "pretrain.batch_size": 8, "pretrain.n_per_length": 8,
+          "pretrain.lengths": (2, 4), "pretrain.warmup_steps": 1}
+
 CLAIMS = [
     claims.Claim("naive_shortcut", "naive data: the best heuristic probe's accuracy on false-belief questions minus "
                  "chance (smallest over seeds)", claims.minimum("audit/naive_best_heuristic_gap"), ">=", 0.30),

@@ -69,6 +69,13 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "by >= 0.05; a no-tool model stays <= c + 0.03; the visual context never exceeds the window bound"),
 )
 
+# The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
+CANARY = {"data.n_cold": 48, "data.n_train": 32, "data.n_test": 24, "cold.num_steps": 4, "cold.batch_size": 16,
+          "model.hidden": 32, "model.mlp_hidden": 64, "model.n_layers": 1, "grpo.num_generations": 2,
+          "train.batch_size": 4, "train.num_steps": 2, "train.checkpoint_every": 1, "train.log_every": 1,
+          "train.optimizer.warmup_steps": 1, "rft.prompts": 8, "rft.samples": 2, "rft.num_steps": 2,
+          "eval.batch_bucket": 8, "eval.row_bucket": 8}
+
 CLAIMS = [
     claims.Claim("oracle_gap", "closed form: oracle tool accuracy A* minus the no-tool Bayes ceiling c (checked "
                  "before anything runs)", lambda runs: runs[0]["anchor/oracle"] - runs[0]["anchor/bayes_no_tool"],

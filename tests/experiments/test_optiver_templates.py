@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("highspy", reason="highspy is not installed: pip install 'jaxlab[milp]'")
 
-from experiments.optiver import templates  # noqa: E402
+from jaxlab.experiments.optiver import templates  # noqa: E402
 from jaxlab.opt_modeling import ir, solvers  # noqa: E402
 
 REFERENCE = os.path.join(os.path.dirname(templates.__file__), "reference_problems.json")

@@ -10,13 +10,8 @@ from experiment_checks import VOLATILE, check_end_to_end, check_resume, check_sh
 from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
 
-SHORT = {"data.n_cold": 64, "data.n_train": 64, "data.n_test_per_order": 8, "cold.num_steps": 4,
-         "cold.batch_size": 16, "model.hidden": 32, "model.mlp_hidden": 64, "model.n_layers": 1,
-         "grpo.num_generations": 2, "grpo.max_new_tokens": 8, "train.batch_size": 4, "train.num_steps": 2,
-         "train.checkpoint_every": 1, "train.log_every": 1, "train.optimizer.warmup_steps": 1, "rft.prompts": 8,
-         "rft.samples": 2, "rft.num_steps": 2, "audit.n_train": 200, "audit.n_test": 100, "eval.batch": 40,
-         "eval.kl_prompts": 4, "pretrain.num_steps": 3, "pretrain.batch_size": 8, "pretrain.n_per_length": 8,
-         "pretrain.lengths": (2, 4), "pretrain.warmup_steps": 1, "mesh": (("data", 4), ("model", 2))}
+# The experiment's canary (its config.py's CANARY), on a 4x2 mesh of the 8 test devices.
+SHORT = {**registry.load("tom_rft").config_module.CANARY, "mesh": (("data", 4), ("model", 2))}
 STAGES = ["audit", "pretrain", "cold_think", "cold_nothink", "eval_cold", "sft", "nothink", "think", "shuffled", "rft"]
 
 

@@ -10,11 +10,8 @@ from experiment_checks import check_end_to_end, check_resume, check_sharded_equa
 from jaxlab import metrics, registry
 from jaxlab.errors import ConfigError
 
-SHORT = {"data.n_cold": 48, "data.n_train": 32, "data.n_test": 24, "cold.num_steps": 4, "cold.batch_size": 16,
-         "model.hidden": 32, "model.mlp_hidden": 64, "model.n_layers": 1, "grpo.num_generations": 2,
-         "train.batch_size": 4, "train.num_steps": 2, "train.checkpoint_every": 1, "train.log_every": 1,
-         "train.optimizer.warmup_steps": 1, "rft.prompts": 8, "rft.samples": 2, "rft.num_steps": 2,
-         "eval.batch_bucket": 8, "eval.row_bucket": 8, "mesh": (("data", 4), ("model", 2))}
+# The experiment's canary (its config.py's CANARY), on a 4x2 mesh of the 8 test devices.
+SHORT = {**registry.load("vr_thinker").config_module.CANARY, "mesh": (("data", 4), ("model", 2))}
 STAGES = ["anchors", "check", "cold_tool", "cold_notool", "eval_cold", "rft", "rft_grpo", "grpo", "notool_grpo"]
 
 

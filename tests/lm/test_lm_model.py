@@ -379,8 +379,8 @@ def test_sharded_loss_and_update_equal_single_device():
 def test_transformers_logits_match(tmp_path, n_layers):
   """Tiny random transformers Llama / Qwen2 / OPT models, saved as safetensors, loaded by us (and back);
   4 layers load as a scanned (stacked-layer) model."""
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch", reason="torch (with transformers) is needed for the parity check")
+  transformers = pytest.importorskip("transformers", reason="transformers is needed for the parity check")
   common = dict(vocab_size=V, hidden_size=32, num_hidden_layers=n_layers, num_attention_heads=4,
                 max_position_embeddings=64)
   cases = {

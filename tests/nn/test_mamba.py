@@ -429,8 +429,8 @@ def test_loads_mamba_ssm_style_config_and_bfloat16_tensors(tmp_path):
 
 def test_transformers_mamba_logits_match(tmp_path):
   """Optional: a tiny random transformers MambaForCausalLM, saved as safetensors, loaded by us."""
-  torch = pytest.importorskip("torch")
-  transformers = pytest.importorskip("transformers")
+  torch = pytest.importorskip("torch", reason="torch (with transformers) is needed for the parity check")
+  transformers = pytest.importorskip("transformers", reason="transformers is needed for the parity check")
   for tie, bias in ((True, False), (False, True)):
     cfg = transformers.MambaConfig(vocab_size=50, hidden_size=24, state_size=8, num_hidden_layers=2,
                                    conv_kernel=4, expand=2, use_bias=bias, use_conv_bias=True,
