@@ -320,6 +320,7 @@ def run(root: str, paper: str, canary: Mapping[str, Any], workdir: str, out_json
   env = dict(os.environ if env is None else env)
   env.setdefault("JAX_PLATFORMS", "cpu")
   env["JAXLAB_PROGRESS"] = "0"
+  env["JAXLAB_CACHE_DIR"] = os.path.join(workdir, "scratch", "jaxlab_cache")   # each run builds its own helpers
   env.pop("PYTHONPATH", None)
   proc = subprocess.run([sys.executable, "-c", boot, os.path.abspath(__file__), root, paper, workdir,
                          json.dumps(canary), out_json, *(["plan"] if plan else [])], cwd=workdir, env=env, capture_output=True, text=True,

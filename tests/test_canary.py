@@ -81,12 +81,13 @@ def test_verify_refuses_bad_input_in_one_line_before_any_work(args, match, tmp_p
 
 # ------------------------------------------------------------------------------------ the mechanism, end to end
 
+# A helper of jaxlab.federated (imported by slot_align only), and tabular Q-learning's step size: robust_q's
+# canary runs it; taskloom and taskloom_agent import jaxlab.rl, whose package imports the tabular code, and never
+# run it.
+MOVED = ("jaxlab/federated/data.py", "jaxlab/federated/partition.py", "def train_test_split(")
+CALLER = ("experiments/slot_align/method.py", "fdata.train_test_split(", "partition.train_test_split(")
 Q = "jaxlab/rl/tabular/q_learning.py"
-EST = "jaxlab/rl/tabular/estimators.py"
-STEP_SIZE_DEF = "\n\ndef step_size(spec: QLearningSpec, k: jax.Array, gamma: jax.Array) -> jax.Array:\n"
 RESCALED = "    return 1.0 / (1.0 + (1.0 - gamma) * k)\n"
-# robust_q's canary runs tabular Q-learning (rescaled-linear step sizes); taskloom and taskloom_agent import
-# jaxlab.rl, whose package imports the tabular code, and never run it.
 USERS = ("robust_q", "taskloom", "taskloom_agent")
 
 
@@ -98,16 +99,11 @@ def head_tree(tmp_path_factory):
                      text=True, check=False)
   if r.returncode != 0:
     pytest.skip(f"no git worktree of HEAD: {r.stderr.strip()}")
-  if any(p in ledger.stale(list(USERS), path) for p in USERS):
+  if ledger.stale(NAMES, path):
     subprocess.run(["git", "worktree", "remove", "--force", path], cwd=ledger.ROOT, check=False)
-    pytest.skip("HEAD's ledgers of robust_q / taskloom / taskloom_agent are stale (commit a verified tree first)")
+    pytest.skip("HEAD has stale ledgers (commit a verified tree first)")
   yield path
   subprocess.run(["git", "worktree", "remove", "--force", path], cwd=ledger.ROOT, capture_output=True, check=False)
-
-
-@pytest.fixture(scope="module")
-def out(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("verify"))     # shared: the baseline canaries run once for both tests
 
 
 def _edit(root, rel, old, new):
@@ -117,39 +113,41 @@ def _edit(root, rel, old, new):
   assert old in text, f"{rel} no longer has {old!r}: update this test to the code"
   with open(path, "w") as f:
     f.write(text.replace(old, new))
+  return text
 
 
 def _reset(root):
   subprocess.run(["git", "checkout", "--", "."], cwd=root, check=True, capture_output=True)
 
 
-@pytest.mark.slow
-def test_a_move_between_modules_restamps_every_ledger_that_imports_it(head_tree, out):
+def test_a_move_between_modules_restamps_every_ledger_that_imports_it(head_tree, tmp_path):
   _reset(head_tree)
-  with open(os.path.join(head_tree, Q)) as f:
+  src, dst, definition = MOVED
+  with open(os.path.join(head_tree, src)) as f:
     text = f.read()
-  start = text.index(STEP_SIZE_DEF)
-  end = text.index("\n\n\n", start + len(STEP_SIZE_DEF))
-  helper = text[start:end].replace("spec: QLearningSpec", "spec")
-  _edit(head_tree, Q, text[start:end], "")
-  _edit(head_tree, Q, "alpha = step_size(", "alpha = est_lib.step_size(")
-  with open(os.path.join(head_tree, EST), "a") as f:
+  start = text.index("\n\n" + definition)
+  end = text.find("\n\n\n", start + 2)
+  helper = text[start:end if end >= 0 else len(text)].rstrip("\n")
+  _edit(head_tree, src, helper, "")
+  with open(os.path.join(head_tree, dst), "a") as f:
     f.write(helper + "\n")
+  _edit(head_tree, *CALLER)
   affected = sorted(ledger.stale(NAMES, head_tree))
-  assert affected == sorted(USERS)
-  assert canary.verify(affected, out, root=head_tree) == {p: "verified" for p in affected}
+  assert affected == ["slot_align"]
+  assert canary.verify(affected, str(tmp_path), root=head_tree) == {"slot_align": "verified"}
   assert not ledger.stale(NAMES, head_tree)
-  for p in affected:
-    rec = ledger.read(p, head_tree)["verified"][-1]
-    assert rec["from"] == rec["to"] and rec["dirty"] and rec["canary"]
+  rec = ledger.read("slot_align", head_tree)["verified"][-1]
+  assert rec["from"] == rec["to"] and rec["dirty"] and len(rec["canary"]) == 64
+  _reset(head_tree)
 
 
 @pytest.mark.slow
-def test_one_float_in_a_shared_function_differs_where_it_runs_only(head_tree, out):
+def test_one_float_in_a_shared_function_differs_where_it_runs_only(head_tree, tmp_path):
   _reset(head_tree)
   _edit(head_tree, Q, RESCALED, RESCALED.replace("1.0 /", "(1.0 + 1e-6) /"))
   assert sorted(ledger.stale(NAMES, head_tree)) == sorted(USERS)
-  got = canary.verify(list(USERS), out, root=head_tree)
+  got = canary.verify(list(USERS), str(tmp_path), root=head_tree)
   assert got["robust_q"].startswith("differs: "), got
   assert got["taskloom"] == got["taskloom_agent"] == "verified", got
   assert sorted(ledger.stale(NAMES, head_tree)) == ["robust_q"]
+  _reset(head_tree)
