@@ -5,11 +5,14 @@
 * a user error (`jaxlab.errors.JaxlabError`) prints one `error: ...` line and exits with 2;
 * Ctrl-C or SIGTERM prints one line saying where the run stopped, what was saved and the exact command that
   resumes it, and exits with 130 (Ctrl-C) or 143 (SIGTERM), without a traceback. SIGTERM outside a
-  training loop (e.g. while data loads) is turned into the same clean stop.
+  training loop (e.g. while data loads) is turned into the same clean stop;
+* a full disk (ENOSPC anywhere in the exception's chain, orbax's wrapped errors included) prints one line naming
+  the device and the file it was writing, and exits with 1: the rerun resumes from the last checkpoint.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shlex
@@ -86,7 +89,27 @@ def main_wrapper(fn: Callable[[list[str]], int], resume: Callable[[list[str]], l
   except KeyboardInterrupt as e:
     print(interrupt_message(e, _command(resume(argv) if resume else argv)), file=sys.stderr, flush=True)
     sys.exit(128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT))
+  except Exception as e:  # pylint: disable=broad-except
+    full = no_space(e)
+    if full is None:
+      raise
+    where = f" while writing {full.filename}" if full.filename else ""
+    print(f"error: no space left on the device{where}; free some space and rerun the same command: the run resumes "
+          "from its last checkpoint", file=sys.stderr, flush=True)
+    sys.exit(1)
   sys.exit(code or 0)
+
+
+def no_space(e: BaseException) -> OSError | None:
+  """The ENOSPC error in `e`'s chain of causes (a full disk), or None."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    seen.add(id(e))
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+      return e
+    e = e.__cause__ or e.__context__
+  return None
+
 
 
 def interrupt_message(e: BaseException, command: str) -> str:

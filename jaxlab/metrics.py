@@ -78,13 +78,43 @@ def read_json(path: str) -> Any:
     return json.load(f)
 
 
+def read_json_or_none(path: str, what: str = "") -> Any:
+  """A JSON file's content; None when it is missing, or damaged (a write cut short: warned once, in one line)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    return read_json(path)
+  except (OSError, ValueError) as e:
+    logging.getLogger("jaxlab").warning("%s is damaged (%s); %s", path, type(e).__name__,
+                                        what or "it is treated as missing")
+    return None
+
+
 def read_metrics(workdir: str) -> list[dict]:
-  """Rows of `workdir/metrics.jsonl` (empty list when missing)."""
+  """Rows of `workdir/metrics.jsonl` (empty list when missing).
+
+  A torn last row (a write cut short by a kill or a full disk) is dropped with one warning; a damaged row
+  before the last is a DataError naming the line.
+  """
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return []
   with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+    lines = f.read().split("\n")
+  rows = []
+  for i, line in enumerate(lines):
+    if not line.strip():
+      continue
+    try:
+      rows.append(json.loads(line))
+    except ValueError:
+      if any(rest.strip() for rest in lines[i + 1:]):
+        from jaxlab.errors import DataError  # pylint: disable=g-import-not-at-top
+        raise DataError(f"{path}: line {i + 1} is not a JSON row (the file is damaged); delete that line, or use "
+                        "another --workdir") from None
+      logging.getLogger("jaxlab").warning("%s: dropped a torn last row (a write cut short by a kill or a full "
+                                          "disk); the run goes on from its checkpoint", path)
+  return rows
 
 
 class MetricWriter:
@@ -94,11 +124,14 @@ class MetricWriter:
     workdir: run directory.
     resume_step: the step the run restarts from; rows with a larger step are dropped (None or 0: a fresh
       run, the file is started anew).
+    replay: optional `kept rows -> missing rows`: rows of steps the checkpoint covers that the file lacks
+      (e.g. a staged run killed between a stage's checkpoint and its row), merged in step order.
     tensorboard: also write TensorBoard events to `workdir/tb` when tensorboardX is installed
       (pip install 'jaxlab[tensorboard]'); without it only metrics.jsonl is written.
   """
 
-  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = False):
+  def __init__(self, workdir: str, resume_step: int | None = None, tensorboard: bool = False,
+               replay: Any = None):
     self.enabled = is_main_process()
     self.path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
@@ -106,8 +139,12 @@ class MetricWriter:
       return
     os.makedirs(workdir, exist_ok=True)
     rows = [r for r in read_metrics(workdir) if resume_step and r.get("step", 0) <= resume_step]
-    with open(self.path, "w") as f:
+    if replay is not None:        # rows the checkpoint covers but the file lost: put back in step order
+      rows = sorted(rows + [_jsonable(dict(r)) for r in replay(rows)], key=lambda r: r.get("step", 0))
+    tmp = self.path + ".tmp"      # the kept rows replace the file whole (a kill here loses none)
+    with open(tmp, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
+    os.replace(tmp, self.path)
     if tensorboard:
       try:
         import tensorboardX  # pylint: disable=g-import-not-at-top
@@ -121,7 +158,7 @@ class MetricWriter:
     if not self.enabled:
       return
     row = {"step": int(step), **_jsonable(dict(metrics))}
-    with open(self.path, "a") as f:
+    with open(self.path, "a") as f:   # one write per row: a kill leaves at most a torn last row (see read_metrics)
       f.write(json.dumps(row) + "\n")
     if self._tb is not None:
       for k, v in row.items():

@@ -4,6 +4,10 @@ Every runner (`fit`, `run_loop`, `run_stages`) calls `check(config, workdir)` fi
 only once everything that can refuse the run (the workdir's owner, its config, its checkpoint's signature)
 has passed. `claim` writes `config.json` and `run.json` (`{"experiment": name}`).
 
+`claim` also takes the workdir's lock (`.lock`: host, pid, process start and date), which the runner gives back
+(`release`) when it ends; a second process on the same workdir is refused in one line ("W is in use by pid N on
+HOST since T"), and a lock left by a process that no longer runs (killed) is taken over with one warning.
+
 Refusals, each one line that names the workdir and the way out:
 * the path is a file, or cannot be created / written;
 * the workdir holds a run of another experiment ("W holds a run of experiment X; use another --workdir");
@@ -15,7 +19,12 @@ Refusals, each one line that names the workdir and the way out:
 
 from __future__ import annotations
 
+import atexit
+import datetime
+import json
+import logging
 import os
+import socket
 from typing import Any
 
 import ml_collections
@@ -49,8 +58,12 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | N
     raise CheckpointError(f"{workdir} holds a run of experiment {run['experiment']}, not {this}; use another --workdir")
   old = _read(path)
   if old is None:
-    raise CheckpointError(f"{path} is not readable JSON; it was not written by jaxlab, or it is damaged: use "
-                          "another --workdir")
+    old = _checkpoint_config(workdir)    # a damaged config.json: the newest checkpoint holds the run's config
+    if old is None:
+      raise CheckpointError(f"{path} is not readable JSON and no checkpoint holds the run's config; it was not "
+                            "written by jaxlab, or it is damaged: use another --workdir")
+    logging.getLogger("jaxlab").warning("%s is damaged; checking against the config of the newest checkpoint "
+                                        "(the file is rewritten when the run starts)", path)
   changed = changed_keys(old, config.to_dict())
   blocking = [k for k in changed if not any(k == r or k.startswith(r + ".") for r in RESUMABLE)]
   if blocking:
@@ -64,10 +77,15 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | N
 
 
 def claim(config: ml_collections.ConfigDict, workdir: str) -> None:
-  """Writes `config.json` and `run.json` into `workdir` (process 0), creating it."""
+  """Takes the workdir's lock and writes `config.json` and `run.json` into `workdir` (process 0), creating it.
+
+  Raises:
+    ConfigError: another live process holds the workdir.
+  """
   if not metrics_lib.is_main_process():
     return
   os.makedirs(workdir, exist_ok=True)
+  lock(workdir)
   metrics_lib.write_json(os.path.join(workdir, "run.json"), {"experiment": configs.experiment_name(config)})
   tmp = os.path.join(workdir, "config.json.tmp")
   with open(tmp, "w") as f:
@@ -84,6 +102,103 @@ def changed_keys(old: dict, new: dict) -> list[str]:
 def check_output_dir(path: str, flag: str) -> None:
   """Raises ConfigError when `path` (a CLI output directory, `--out` / `--workdir`) cannot be used."""
   _check_path(path, flag)
+
+
+LOCK = ".lock"
+_HELD: dict[str, int] = {}    # lock path -> how many runners of this process hold it (a stage's own fit, say)
+
+
+def lock(workdir: str) -> None:
+  """Takes `workdir`'s lock for this process (re-entrant); see the module docstring."""
+  path = os.path.abspath(os.path.join(workdir, LOCK))
+  if path in _HELD:
+    _HELD[path] += 1
+    return
+  me = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid()),
+        "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+  for _ in range(3):
+    try:
+      fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+      other = _read(path)
+      if other is not None and _running(other):
+        raise ConfigError(f"{workdir} is in use by pid {other.get('pid')} on {other.get('host')} since "
+                          f"{other.get('since')}; wait for that run to end, or use another --workdir (if it is "
+                          f"gone, delete {path})") from None
+      logging.getLogger("jaxlab").warning(
+          "%s: taking over the lock of pid %s on %s, which no longer runs", workdir,
+          (other or {}).get("pid", "?"), (other or {}).get("host", "?"))
+      try:
+        os.remove(path)
+      except FileNotFoundError:
+        pass
+      continue
+    with os.fdopen(fd, "w") as f:
+      json.dump(me, f)
+    _HELD[path] = 1
+    return
+  raise ConfigError(f"{workdir}: could not take its lock {path}; another process keeps taking it: use another "
+                    "--workdir")
+
+
+def release(workdir: str) -> None:
+  """Gives back this process's hold on `workdir`'s lock (the file goes with the last hold)."""
+  path = os.path.abspath(os.path.join(workdir, LOCK))
+  if path not in _HELD:
+    return
+  _HELD[path] -= 1
+  if _HELD[path] <= 0:
+    del _HELD[path]
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+
+
+@atexit.register
+def _release_all() -> None:
+  for path in list(_HELD):
+    try:
+      os.remove(path)
+    except OSError:
+      pass
+  _HELD.clear()
+
+
+def _process_start(pid: int) -> str | None:
+  """The process's start time in clock ticks since boot (tells a reused pid apart), or None off Linux."""
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[19]
+  except (OSError, IndexError):
+    return None
+
+
+def _running(holder: dict) -> bool:
+  """Whether the lock's holder still runs (another host's holder is assumed to)."""
+  if holder.get("host") != socket.gethostname():
+    return True
+  pid = holder.get("pid")
+  if not isinstance(pid, int):
+    return False
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+  return holder.get("start") is None or _process_start(pid) == holder.get("start")
+
+
+def _checkpoint_config(workdir: str) -> dict | None:
+  """The config recorded in the newest readable checkpoint's meta (`checkpoints/<step>/meta/metadata`)."""
+  root = os.path.join(workdir, "checkpoints")
+  steps = sorted((int(d) for d in (os.listdir(root) if os.path.isdir(root) else []) if d.isdigit()), reverse=True)
+  for step in steps:
+    meta = _read(os.path.join(root, str(step), "meta", "metadata"))
+    if isinstance(meta, dict) and isinstance(meta.get("config"), dict):
+      return meta["config"]
+  return None
 
 
 # ------------------------------------------------------------------------------------------- helpers

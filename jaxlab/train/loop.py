@@ -136,90 +136,104 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
         pass
     raise
   summary_path = os.path.join(workdir, "summary.json")
-  if os.path.exists(summary_path):
-    done = metrics_lib.read_json(summary_path)
+  done = metrics_lib.read_json_or_none(summary_path, "the run's final step writes it anew")
+  if done is not None:
     if start >= num_steps or (done.get("stopped_early") and done.get("step") == start):
       if ckpt is not None:
         ckpt.close()
       log.info("%s already finished at step %d", workdir, start)
       return state, done
-  workdir_lib.claim(config, workdir)
-  if ckpt is None:
-    ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=t.keep_checkpoints, async_save=t.async_checkpoint)
-  writer = metrics_lib.MetricWriter(workdir, resume_step=start, tensorboard=config.tensorboard)
-  config_dict = config.to_dict()
-
-  def meta():
-    return {"config": config_dict, "wall_s": wall_before + time.time() - t_start, "resumes": resumes}
-
-  summary: dict[str, Any] = dict(extra_summary or {})
-  last_train: dict[str, float] = {}
-  last_eval: dict[str, float] = {}
-  pending: list[tuple[int, Mapping[str, jax.Array]]] = []
-  t_log = time.time()
-  step = start
-  stop_flag = StopFlag()
-  bar = None   # made after the first (compiling) step, so its rate and ETA are those of compiled steps
   try:
-    with stop_flag:
-      while step < num_steps:
-        state, m = step_fn(state, get_batch(step))
-        step += 1
-        pending.append((step, m))
-        if bar is None:
-          bar = progress.bar(num_steps, initial=step, desc=os.path.basename(os.path.normpath(workdir)))
-        else:
-          bar.update(1)
-        last = step == num_steps
-        if step % t.log_every == 0 or last:
-          last_train = _flush(pending, writer, step, time.time() - t_log)
-          pending, t_log = [], time.time()
-          bar.set_postfix(progress.postfix(last_train))
-        evaluated = evaluate is not None and bool(last or (eval_every and step % eval_every == 0))
-        if evaluated:
-          last_eval = dict(evaluate(state))
-          writer.write(step, last_eval)
-        if last or (t.checkpoint_every and step % t.checkpoint_every == 0):
-          ckpt.save(step, state, meta(), force=last)
-        stop = False
-        for hook in hooks:
-          stop = bool(hook(step, state)) or stop
-        if stop:
-          if pending:
+    workdir_lib.claim(config, workdir)      # takes the workdir's lock (refused while another process holds it)
+  except BaseException:
+    if ckpt is not None:
+      ckpt.close()
+    raise
+  try:   # the workdir's lock is held from here to the summary
+    if ckpt is None:
+      ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=t.keep_checkpoints, async_save=t.async_checkpoint)
+    writer = metrics_lib.MetricWriter(workdir, resume_step=start, tensorboard=config.tensorboard)
+    config_dict = config.to_dict()
+
+    def meta():
+      return {"config": config_dict, "wall_s": wall_before + time.time() - t_start, "resumes": resumes}
+
+    summary: dict[str, Any] = dict(extra_summary or {})
+    last_train: dict[str, float] = {}
+    last_eval: dict[str, float] = {}
+    pending: list[tuple[int, Mapping[str, jax.Array]]] = []
+    t_log = time.time()
+    step = start
+    stop_flag = StopFlag()
+    bar = None   # made after the first (compiling) step, so its rate and ETA are those of compiled steps
+    if start >= num_steps:   # finished, but killed before summary.json: the summary from the final rows
+      last_train, last_eval = _final_rows(workdir, start)
+      if evaluate is not None and not last_eval:
+        last_eval = dict(evaluate(state))
+        writer.write(start, last_eval)
+      log.info("%s: finished at step %d without a summary; writing it from the final step", workdir, start)
+    try:
+      with stop_flag:
+        while step < num_steps:
+          state, m = step_fn(state, get_batch(step))
+          step += 1
+          pending.append((step, m))
+          if bar is None:
+            bar = progress.bar(num_steps, initial=step, desc=os.path.basename(os.path.normpath(workdir)))
+          else:
+            bar.update(1)
+          last = step == num_steps
+          if step % t.log_every == 0 or last:
             last_train = _flush(pending, writer, step, time.time() - t_log)
-            pending = []
-          if ckpt.latest_step() != step:
-            ckpt.save(step, state, meta(), force=True)
-          if evaluate is not None and not evaluated:
+            pending, t_log = [], time.time()
+            bar.set_postfix(progress.postfix(last_train))
+          evaluated = evaluate is not None and bool(last or (eval_every and step % eval_every == 0))
+          if evaluated:
             last_eval = dict(evaluate(state))
             writer.write(step, last_eval)
-          summary["stopped_early"] = True
-          log.info("%s: a hook stopped the run at step %d", workdir, step)
-          break
-        if stop_flag.raised and not last:
-          stop_flag.stop(f"at step {step}")
-  except KeyboardInterrupt as e:   # Ctrl-C, or the SIGTERM above: save the step reached, then stop
-    if pending:  # keep what was logged
-      _flush(pending, writer, step, time.time() - t_log, check=False)
-    if ckpt.latest_step() != step and not _deleted(state):
-      ckpt.save(step, state, meta(), force=True)
-    ckpt.wait()
-    if not isinstance(e, Interrupted):
-      e = Interrupted(f"Ctrl-C at step {step}")
-    if e.workdir is None:
-      e.workdir, e.step, e.checkpoint = workdir, step, ckpt.latest_step()
-    raise e from None
+          if last or (t.checkpoint_every and step % t.checkpoint_every == 0):
+            ckpt.save(step, state, meta(), force=last)
+          stop = False
+          for hook in hooks:
+            stop = bool(hook(step, state)) or stop
+          if stop:
+            if pending:
+              last_train = _flush(pending, writer, step, time.time() - t_log)
+              pending = []
+            if ckpt.latest_step() != step:
+              ckpt.save(step, state, meta(), force=True)
+            if evaluate is not None and not evaluated:
+              last_eval = dict(evaluate(state))
+              writer.write(step, last_eval)
+            summary["stopped_early"] = True
+            log.info("%s: a hook stopped the run at step %d", workdir, step)
+            break
+          if stop_flag.raised and not last:
+            stop_flag.stop(f"at step {step}")
+    except KeyboardInterrupt as e:   # Ctrl-C, or the SIGTERM above: save the step reached, then stop
+      if pending:  # keep what was logged
+        _flush(pending, writer, step, time.time() - t_log, check=False)
+      if ckpt.latest_step() != step and not _deleted(state):
+        ckpt.save(step, state, meta(), force=True)
+      ckpt.wait()
+      if not isinstance(e, Interrupted):
+        e = Interrupted(f"Ctrl-C at step {step}")
+      if e.workdir is None:
+        e.workdir, e.step, e.checkpoint = workdir, step, ckpt.latest_step()
+      raise e from None
+    finally:
+      ckpt.close()
+      if bar is not None:
+        bar.close()
+      writer.close()
+    summary.update(step=step, **last_train, **last_eval, wall_s=wall_before + time.time() - t_start,
+                   resumes=resumes)
+    if summarise is not None:
+      summary = dict(summarise(state, summary))
+    metrics_lib.write_json(summary_path, summary)
+    return state, summary
   finally:
-    ckpt.close()
-    if bar is not None:
-      bar.close()
-    writer.close()
-  summary.update(step=step, **last_train, **last_eval, wall_s=wall_before + time.time() - t_start,
-                 resumes=resumes)
-  if summarise is not None:
-    summary = dict(summarise(state, summary))
-  metrics_lib.write_json(summary_path, summary)
-  return state, summary
+    workdir_lib.release(workdir)
 
 
 def fit(config: ml_collections.ConfigDict, workdir: str, *, model_fn: Callable[[nnx.Rngs], nnx.Module],
@@ -319,6 +333,16 @@ def _flush(pending, writer, step, seconds, check=True) -> dict[str, float]:
     mean["train/steps_per_sec"] = len(values) / max(seconds, 1e-9)
     writer.write(step, mean)
   return mean
+
+
+def _final_rows(workdir: str, step: int) -> tuple[dict, dict]:
+  """(train, eval) metrics of `step` as its rows recorded them: the train window's row (the one with
+  train/steps_per_sec) and the evaluation's row ({} where there is none)."""
+  rows = [r for r in metrics_lib.read_metrics(workdir) if r.get("step") == step]
+  strip = lambda r: {k: v for k, v in r.items() if k != "step"}  # noqa: E731
+  train = next((strip(r) for r in reversed(rows) if "train/steps_per_sec" in r), {})
+  evals = next((strip(r) for r in reversed(rows) if "train/steps_per_sec" not in r), {})
+  return train, evals
 
 
 def _check_params_match(given, expected):

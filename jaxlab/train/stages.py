@@ -130,27 +130,37 @@ def run_stages(config: ml_collections.ConfigDict, workdir: str, stages: Mapping[
       if shardings is None:
         shardings = jax.tree.map(lambda _: mesh_lib.replicated(mesh), state)
       state = jax.device_put(state, shardings)
-    ckpt = None
+    ckpt, claimed = None, False
     try:
       if os.path.isdir(ckpt_dir):
         ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=2, async_save=False)
         done, results, state, clock = _restore(ckpt, workdir, names, state, shardings)
       else:
         done, results, clock = [], {}, _Clock(0.0, 0)
-      if len(done) == len(names) and os.path.exists(summary_path):
-        log.info("%s already finished (%d stages)", workdir, len(names))
-        return metrics_lib.read_json(summary_path)
-      workdir_lib.claim(config, workdir)
+      if len(done) == len(names):
+        finished = metrics_lib.read_json_or_none(summary_path, "it is written anew from the stages' records")
+        if finished is not None:
+          log.info("%s already finished (%d stages)", workdir, len(names))
+          return finished
+      workdir_lib.claim(config, workdir)     # takes the workdir's lock (refused while another process holds it)
+      claimed = True
       if ckpt is None:
         ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=2, async_save=False)
       summary = _run(config, workdir, stages, names, done, results, state, mesh, ckpt, t_start, clock)
+    except BaseException:
+      if claimed:
+        workdir_lib.release(workdir)
+      raise
     finally:
       if ckpt is not None:
         ckpt.close()
-  summary = dict(summarise(summary) if summarise is not None else union(summary))
-  summary.update(extra_summary or {})
-  summary.update(stages=names, wall_s=clock.wall_before + time.time() - t_start, resumes=clock.resumes)
-  metrics_lib.write_json(summary_path, summary)
+  try:
+    summary = dict(summarise(summary) if summarise is not None else union(summary))
+    summary.update(extra_summary or {})
+    summary.update(stages=names, wall_s=clock.wall_before + time.time() - t_start, resumes=clock.resumes)
+    metrics_lib.write_json(summary_path, summary)
+  finally:
+    workdir_lib.release(workdir)
   return summary
 
 
@@ -159,15 +169,21 @@ def stage_arrays(workdir: str, index: int, name: str) -> dict[str, Any]:
   path = _npz_path(workdir, index, name)
   if not os.path.exists(path):
     return {}
-  with np.load(path, allow_pickle=False) as z:
-    return _unflatten({k: z[k] for k in z.files})
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      return _unflatten({k: z[k] for k in z.files})
+  except Exception as e:  # pylint: disable=broad-except  (zip, pickle and JSON key errors of a damaged file)
+    raise CheckpointError(f"{path}, the arrays of stage {index + 1} ({name}), is damaged ({type(e).__name__}); "
+                          f"delete {os.path.join(workdir, 'checkpoints')} to recompute the stages, or use another "
+                          "--workdir") from None
 
 
 # ------------------------------------------------------------------------------------------- helpers
 
 
 def _run(config, workdir, stages, names, done, results, state, mesh, ckpt, t_start, clock) -> Results:
-  writer = metrics_lib.MetricWriter(workdir, resume_step=len(done), tensorboard=config.tensorboard)
+  writer = metrics_lib.MetricWriter(workdir, resume_step=len(done), tensorboard=config.tensorboard,
+                                    replay=lambda rows: _missing_rows(rows, done, results))
   run_name = os.path.basename(os.path.normpath(workdir))
   bar = progress.bar(len(names), initial=len(done), desc=run_name)
   stop_flag = loop_lib.StopFlag()
@@ -218,6 +234,14 @@ def _run(config, workdir, stages, names, done, results, state, mesh, ckpt, t_sta
     bar.close()
     writer.close()
   return results
+
+
+def _missing_rows(rows, done, results) -> list[dict]:
+  """The metrics rows of finished stages that metrics.jsonl lacks (a kill between a stage's checkpoint and its
+  row), rebuilt from the checkpoint's record of the stage (its wall time is not recorded: null)."""
+  have = {r.get("step") for r in rows if "stage" in r}
+  return [{"step": i + 1, "stage": name, **_flat_numbers(_split(results[name])[0]), "wall_s": None}
+          for i, name in enumerate(done) if i + 1 not in have]
 
 
 def _restore(ckpt, workdir, names, state, shardings):
