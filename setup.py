@@ -29,8 +29,8 @@ EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 # compiles for TPU slices without TPU hardware (`python -m jaxlab.compile_check`); jax[tpu] pins the libtpu
 # matching the installed jax.
 EXTRAS["tpu-aot"] = ["jax[tpu]>=0.8; platform_system == 'Linux'"]
-EXTRAS["test"] = ["pytest>=7.2", "pytest-xdist>=3.5", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0", "ipython>=8",
-                  "librosa>=0.10", "mir_eval>=0.7"]   # independent references of jaxlab.audio (mel, BSS-Eval SDR)
+EXTRAS["test"] = ["pytest>=7.2", "pytest-xdist>=3.5", "setuptools>=70.1", "hypothesis>=6.100", "randomgen>=2.0",
+                  "ipython>=8", "librosa>=0.10", "mir_eval>=0.7"]   # independent references of jaxlab.audio (mel, BSS-Eval SDR)
 EXTRAS["test"] += EXTRAS["tpu-aot"]   # the compile-check tests (the suite runs with JAX_PLATFORMS=cpu)
 # Not in "all": gymnax pins jax below the next releases (jaxlab.rl.envs.gymnax).
 EXTRAS["gymnax"] = ["gymnax>=1.0"]

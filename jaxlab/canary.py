@@ -210,8 +210,9 @@ def _child_main(argv: Sequence[str]) -> int:
   claims = []
   for c in exp.claims:
     r = c.check([summary])
-    claims.append({"name": r["name"], "passed": r["passed"], "error": r.get("error"),
-                   "measured": None if _volatile(r["name"], extra) else repr(r["measured"])})
+    timing = _volatile(r["name"], extra)      # a claim on a timing (e.g. "speed"): its value and verdict vary
+    claims.append({"name": r["name"], "passed": None if timing else r["passed"], "error": r.get("error"),
+                   "measured": None if timing else repr(r["measured"])})
   stages = [row["stage"] for row in _rows(run) if "stage" in row]
   result = {"manifest": {"claims": claims, **manifest(run, extra)}, "stages": stages}
   if plan:
@@ -323,7 +324,8 @@ def run(root: str, paper: str, canary: Mapping[str, Any], workdir: str, out_json
   env["JAXLAB_CACHE_DIR"] = os.path.join(workdir, "scratch", "jaxlab_cache")   # each run builds its own helpers
   env.pop("PYTHONPATH", None)
   proc = subprocess.run([sys.executable, "-c", boot, os.path.abspath(__file__), root, paper, workdir,
-                         json.dumps(canary), out_json, *(["plan"] if plan else [])], cwd=workdir, env=env, capture_output=True, text=True,
+                         json.dumps(canary), out_json, *(["plan"] if plan else [])], cwd=workdir, env=env,
+                        capture_output=True, text=True,
                         timeout=timeout, check=False)
   if proc.returncode != 0 or not os.path.exists(out_json):
     tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
@@ -354,7 +356,8 @@ def candidates(led: Mapping[str, Any], root: str, limit: int = 400) -> list[str]
   """Commits that may hold the ledger's sources, most likely first: HEAD, those of its verified records, its
   own commit, then the history of HEAD newest first."""
   from jaxlab import ledger  # pylint: disable=g-import-not-at-top
-  history = (ledger._git("rev-list", f"--max-count={limit}", "HEAD", root=root) or "").split()  # pylint: disable=protected-access
+  git = ledger._git  # pylint: disable=protected-access
+  history = (git("rev-list", f"--max-count={limit}", "HEAD", root=root) or "").split()
   first = [c for c in [*(history[:1]), *(r.get("to") for r in reversed(led.get("verified", []))), led.get("commit")]
            if c]
   seen, out = set(), []
@@ -412,14 +415,13 @@ class _Worktrees:
 
 
 def _machine() -> str:
-  from jaxlab import ledger  # pylint: disable=g-import-not-at-top
+  """The CPU model and thread count (a canary's fingerprint is this machine's: XLA's CPU numerics differ)."""
+  import platform  # pylint: disable=g-import-not-at-top
   try:
     with open("/proc/cpuinfo") as f:
       names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
   except OSError:
     names = []
-  del ledger
-  import platform  # pylint: disable=g-import-not-at-top
   return f"{names[0] if names else platform.machine()}, {os.cpu_count()} threads"
 
 
@@ -428,10 +430,11 @@ def restamp(paper: str, base: str, fp: str, root: str) -> None:
   from jaxlab import ledger  # pylint: disable=g-import-not-at-top
   led = ledger.read(paper, root)
   sources = ledger.import_closure(paper, root)
-  dirty = ledger._git("status", "--porcelain", "--", *sources, root=root)  # pylint: disable=protected-access
+  git = ledger._git  # pylint: disable=protected-access
+  dirty = git("status", "--porcelain", "--", *sources, root=root)
   led["sources"] = ledger.digests(sources, root)
   led.setdefault("verified", []).append({
-      "from": base, "to": ledger._git("rev-parse", "HEAD", root=root), "dirty": bool(dirty),  # pylint: disable=protected-access
+      "from": base, "to": git("rev-parse", "HEAD", root=root), "dirty": bool(dirty),
       "canary": fp, "machine": _machine(),
       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
   path = ledger.ledger_path(paper, root)
