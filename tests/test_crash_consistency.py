@@ -162,9 +162,9 @@ def test_two_runs_on_one_workdir_the_second_is_refused(tmp_path):
   """A second process while the first trains: one line, exit 2; the first run's rows stay in order."""
   import signal
   import time
-  from conftest import TOY
+  toy = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "toy", "config.py")
   wd = str(tmp_path / "run")
-  cmd = [sys.executable, "-m", "jaxlab.main", f"--config={os.path.join(TOY, 'config.py')}:tiny", f"--workdir={wd}",
+  cmd = [sys.executable, "-m", "jaxlab.main", f"--config={toy}:tiny", f"--workdir={wd}",
          "--config.train.num_steps=1000000", "--config.train.checkpoint_every=1000000"]
   env = {**os.environ, "JAXLAB_PROGRESS": "0"}
   first = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
