@@ -33,6 +33,7 @@ so its own top-level imports are the standard library and numpy only.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import datetime
 import hashlib
@@ -43,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Mapping, Sequence
 
@@ -52,7 +54,7 @@ VOLATILE = (r"wall", r"per_sec", r"per_s($|[/_])", r"_s$", r"(^|/)speed", r"(^|/
             r"(^|[/_])ms($|[/_])", r"seconds", r"(^|/)date$")   # timings: keys matching any of these
 SKIP_SUFFIXES = (".png", ".pdf", ".svg", ".gif", ".jpg", ".tmp", ".lock", ".log")
 CHILD_TIMEOUT_S = 1800
-_GIT = __import__("threading").Lock()     # git commands of the parent, one at a time
+_GIT = threading.Lock()     # git commands of the parent, one at a time
 SCRATCH = "{tmp}"
 
 
@@ -213,7 +215,8 @@ def _child_main(argv: Sequence[str]) -> int:
     timing = _volatile(r["name"], extra)      # a claim on a timing (e.g. "speed"): its value and verdict vary
     claims.append({"name": r["name"], "passed": None if timing else r["passed"], "error": r.get("error"),
                    "measured": None if timing else repr(r["measured"])})
-  stages = [row["stage"] for row in _rows(run) if "stage" in row]
+  from jaxlab import metrics  # pylint: disable=g-import-not-at-top
+  stages = [row["stage"] for row in metrics.read_metrics(run) if "stage" in row]
   result = {"manifest": {"claims": claims, **manifest(run, extra)}, "stages": stages}
   if plan:
     result["claim_stages"] = planned_stages(paper)
@@ -223,14 +226,6 @@ def _child_main(argv: Sequence[str]) -> int:
     json.dump(result, f, sort_keys=True)
   os.replace(tmp, out_json)
   return 0
-
-
-def _rows(workdir: str) -> list[dict]:
-  path = os.path.join(workdir, "metrics.jsonl")
-  if not os.path.exists(path):
-    return []
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 # ------------------------------------------------------------------------------------------ verify (parent)
@@ -387,7 +382,6 @@ class _Worktrees:
   """Temporary `git worktree`s, one per commit, removed on exit."""
 
   def __init__(self, root: str):
-    import threading  # pylint: disable=g-import-not-at-top
     self.root, self.trees, self.lock = root, {}, threading.Lock()
 
   def get(self, commit: str) -> str:
@@ -416,13 +410,9 @@ class _Worktrees:
 
 def _machine() -> str:
   """The CPU model and thread count (a canary's fingerprint is this machine's: XLA's CPU numerics differ)."""
-  import platform  # pylint: disable=g-import-not-at-top
-  try:
-    with open("/proc/cpuinfo") as f:
-      names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-  except OSError:
-    names = []
-  return f"{names[0] if names else platform.machine()}, {os.cpu_count()} threads"
+  from jaxlab import ledger  # pylint: disable=g-import-not-at-top
+  cpu, threads = ledger.cpu_and_threads()
+  return f"{cpu}, {threads} threads"
 
 
 def restamp(paper: str, base: str, fp: str, root: str) -> None:
@@ -453,8 +443,6 @@ def verify(papers: Sequence[str], out: str = "results/verify", root: str | None 
   of the claim run). `jobs` experiments run at once (default: one per CPU core, at most 8), each its baseline
   canary then its working-tree canary, so the second loads what the first compiled.
   """
-  import concurrent.futures  # pylint: disable=g-import-not-at-top
-  import threading  # pylint: disable=g-import-not-at-top
   from jaxlab import ledger, progress  # pylint: disable=g-import-not-at-top
   root = root or ledger.ROOT
   out = os.path.abspath(out)
@@ -464,15 +452,16 @@ def verify(papers: Sequence[str], out: str = "results/verify", root: str | None 
   env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
   jobs = max(1, jobs or min(8, os.cpu_count() or 1))
   stale = ledger.stale(papers, root)
-  results, digest_cache, lock = {}, {}, threading.Lock()
+  results, digest_cache, bases, lock = {}, {}, {}, threading.Lock()
   with _Worktrees(root) as trees, progress.bar(total=len(papers), desc="verify") as bar:
     for paper in papers:          # baselines first, in order (git is not asked from several threads)
-      if paper in stale and ledger.read(paper, root) is not None:
-        digest_cache.setdefault(("baseline", paper), baseline(ledger.read(paper, root), root, digest_cache))
+      led = ledger.read(paper, root) if paper in stale else None
+      if led is not None:
+        bases[paper] = baseline(led, root, digest_cache)
 
     def one(paper):
       t0 = time.time()
-      outcome = _verify_one(paper, paper in stale, out, root, env, trees, digest_cache.get(("baseline", paper)))
+      outcome = _verify_one(paper, paper in stale, out, root, env, trees, bases.get(paper))
       with lock:
         results[paper] = outcome
         log(f"[verify] {paper:22s} {outcome} ({time.time() - t0:.0f} s)")

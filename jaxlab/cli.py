@@ -111,7 +111,6 @@ def no_space(e: BaseException) -> OSError | None:
   return None
 
 
-
 def interrupt_message(e: BaseException, command: str) -> str:
   """The one line printed when a run stops on Ctrl-C / SIGTERM."""
   what = "SIGTERM" if isinstance(e, Interrupted) and e.signum == signal.SIGTERM else "Ctrl-C"

@@ -171,6 +171,18 @@ def provenance(sources: Sequence[str], root: str = ROOT) -> dict[str, Any]:
       return None
 
   dirty = _git("status", "--porcelain", "--", *sources, root=root)
+  cpu, threads = cpu_and_threads()
+  return {
+      "commit": _git("rev-parse", "HEAD", root=root), "dirty": bool(dirty) if dirty is not None else None,
+      "versions": {"python": platform.python_version(),
+                   **{n: version(n) for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")}},
+      "machine": {"cpu": cpu, "threads": threads, "backend": jax.default_backend(), "devices": jax.device_count()},
+      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+  }
+
+
+def cpu_and_threads() -> tuple[str, int]:
+  """This machine's CPU model (as /proc/cpuinfo names it) and the threads this process may use."""
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
@@ -179,13 +191,7 @@ def provenance(sources: Sequence[str], root: str = ROOT) -> dict[str, Any]:
   except OSError:
     pass
   threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-  return {
-      "commit": _git("rev-parse", "HEAD", root=root), "dirty": bool(dirty) if dirty is not None else None,
-      "versions": {"python": platform.python_version(),
-                   **{n: version(n) for n in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy")}},
-      "machine": {"cpu": cpu, "threads": threads, "backend": jax.default_backend(), "devices": jax.device_count()},
-      "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-  }
+  return cpu, threads
 
 
 def ledger_path(paper: str, root: str = ROOT) -> str:

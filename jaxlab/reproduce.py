@@ -130,14 +130,14 @@ def format_table(all_results: list[dict]) -> str:
 
 
 def _verify(papers: list[str], out: str, jobs: int | None) -> int:
+  """`--verify`: bad input refused in one line before any work, then `jaxlab.canary.verify`."""
   from jaxlab import canary, registry, workdir as workdir_lib
+  from jaxlab.errors import ConfigError
   known = registry.names()
   for p in papers:
     if p not in known:
-      from jaxlab.errors import ConfigError
       raise ConfigError(f"unknown experiment {p!r}; known: {', '.join(known)}")
   if jobs is not None and jobs < 1:
-    from jaxlab.errors import ConfigError
     raise ConfigError(f"--jobs={jobs}: give at least 1 (experiments verified at once)")
   workdir_lib.check_output_dir(out, "--out")
   papers = papers or sorted(ledger.stale(known))

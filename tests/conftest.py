@@ -1,6 +1,7 @@
 """Test setup: 8 fake CPU devices BEFORE jax is imported, no progress bars, shared fixtures."""
 
 import os
+import sys
 
 _flags = os.environ.get("XLA_FLAGS", "")
 if "xla_force_host_platform_device_count" not in _flags:
@@ -104,10 +105,16 @@ def pytest_configure(config):
   experiment file's time). Only this process uses it: subprocesses started by tests compile as users do.
   `JAXLAB_TEST_COMPILE_CACHE=0` turns it off.
   """
+  try:
+    import jax
+  except ImportError:
+    raise pytest.UsageError(
+        f"jax is not installed for {sys.executable}: run the tests from the environment the project is installed "
+        "in (python3 -m venv .venv && .venv/bin/pip install -e '.[all,test]' && .venv/bin/python -m pytest)"
+    ) from None
   _fast_compiles(config)
   if os.environ.get("JAXLAB_TEST_COMPILE_CACHE", "1") == "0":
     return
-  import jax
   folder = tempfile.mkdtemp(prefix="jaxlab_test_xla_cache_")
   _COMPILE_CACHE.append(folder)
   jax.config.update("jax_compilation_cache_dir", folder)
