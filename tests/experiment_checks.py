@@ -8,6 +8,8 @@
 * `check_sigterm_resume` (staged experiments): SIGTERM arriving inside a stage and between two stages stops
   the run after recording the stage; the rerun resumes and ends with the reference's summary.
 * `sigterm_on_write(when)`: a context in which SIGTERM is sent right after a metrics row that `when` selects.
+* `canary_covered`: the mark of an end-to-end test whose whole path (every stage, arm and claim) the experiment's
+  canary runs; such a test runs with `pytest -m slow`, not in the default run.
 """
 
 from __future__ import annotations
@@ -19,8 +21,19 @@ import signal
 from unittest import mock
 
 import numpy as np
+import pytest
 
 from jaxlab import configs, metrics, registry
+
+canary_covered = pytest.mark.slow
+"""Marks an end-to-end run of an experiment's tiny variant with every arm and stage: out of the default run.
+
+Its path is the canary's (`CANARY` in experiments/<paper>/config.py; `tests/test_canary.py` checks that it plans
+every kind of stage the claim run does). Every landed change to an experiment's code either re-ran its claims or
+ran its canary at both commits with bit-identical outputs (`python -m jaxlab.reproduce --verify`), and CI refuses
+a stale ledger (`reproduce --stale`), so the code on main has run this path. The finer assertions of such a test
+run with `python -m pytest -m slow FILE`: run them with `--verify` before landing a change to the experiment.
+"""
 
 VOLATILE = ("wall_s", "resumes", "train/steps_per_sec", "mesh", "num_devices")
 VOLATILE_PREFIXES = ("speed/", "speedup/")    # measured throughputs (timings differ from run to run)

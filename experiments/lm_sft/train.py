@@ -7,11 +7,13 @@ additions (train and eval problems are disjoint).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from jaxlab import checkpoint
 from jaxlab.data import ArraySource
-from jaxlab.errors import ConfigError
+from jaxlab.errors import ConfigError, DataError
 from jaxlab.lm import generate, hf, lora, sft, sft_data, tasks
 from jaxlab.lm.model import Transformer, TransformerConfig
 from jaxlab.lm.tokenizer import check_fits, load_tokenizer
@@ -35,6 +37,14 @@ def examples(config):
   data = sft_data.read_jsonl(d.path)
   if len(data) < 2:
     raise ConfigError(f"config.data.path={d.path!r} holds {len(data)} example(s); need at least 2")
+  trained = [any(text.strip() for text, train in e.spans if train) for e in data]
+  if not any(trained):
+    # Nothing to learn, and an empty target is matched by any generation that stops at once (exact match 1.0).
+    raise DataError(f"{d.path}: every one of the {len(data)} completions is empty, so there is nothing to train "
+                    "on or score; give each record a non-empty 'completion'")
+  if not all(trained):
+    logging.getLogger("jaxlab").warning("%s: %d of %d completions are empty; they train only the end-of-sequence "
+                                        "token", d.path, trained.count(False), len(data))
   rng = np.random.default_rng(config.seed)
   order = rng.permutation(len(data))
   n_eval = max(1, int(round(d.eval_fraction * len(data))))

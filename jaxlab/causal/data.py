@@ -222,12 +222,39 @@ def split_units(panel: Panel, length: int) -> Panel:
   return dataclasses.replace(panel, units=units, unit_names=names)
 
 
+def _std(values: np.ndarray) -> np.ndarray:
+  with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+    return values.std(0)
+
+
+def _check_scale(panel: Panel, values: np.ndarray, normalise: str, where: str) -> None:
+  """Refuses columns whose scale the float64 statistics or the float32 windows cannot hold: a spread whose
+  square overflows (normalising would set the column to zeros), a non-zero spread whose square underflows
+  (the column would be called constant), and, with normalise="none", values beyond float32's range."""
+  std, spread = _std(values), np.ptp(values, 0)
+  big = np.abs(values).max(0)
+  over = [v for v, s in zip(panel.variables, std) if not np.isfinite(s)]
+  if normalise == "none":
+    over += [v for v, b in zip(panel.variables, big) if b > np.finfo(np.float32).max and v not in over]
+  if over:
+    top = max(float(b) for v, b in zip(panel.variables, big) if v in over)
+    raise DataError(f"{panel.source}: column(s) {over}{where} overflow (values up to {top:.3g}: their variance, "
+                    "or with data.normalise='none' the float32 inputs, exceed the floating-point range); "
+                    "divide them by a power of ten before loading")
+  under = [(v, r) for v, s, r in zip(panel.variables, std, spread) if s == 0 and r > 0]
+  if under:
+    raise DataError(f"{panel.source}: column(s) {[v for v, _ in under]}{where} vary (by up to "
+                    f"{max(r for _, r in under):.3g}) but their variance underflows to 0 in float64, so they "
+                    "cannot be normalised; multiply them by a power of ten before loading")
+
+
 def check_panel(panel: Panel, lags: int, normalise: str = "global") -> None:
-  """Checks that every unit is long enough for `lags` and that no variable is constant.
+  """Checks that every unit is long enough for `lags`, that no variable is constant, and that every column's
+  scale survives normalisation (no overflow or underflow of its variance, float32 range for normalise="none").
 
   Raises:
-    DataError: naming the short units (with their row counts) or the constant columns (and the unit, for
-      per-unit normalisation).
+    DataError: naming the short units (with their row counts), the constant columns, or the columns out of
+      range (and the unit, for per-unit normalisation), with the fix.
   """
   need = lags + 1
   short = [(n, len(u)) for n, u in zip(panel.unit_names, panel.units) if len(u) < need]
@@ -236,13 +263,15 @@ def check_panel(panel: Panel, lags: int, normalise: str = "global") -> None:
     raise DataError(f"{panel.source}: too short for data.lags={lags}: {len(short)} unit(s) have fewer than "
                     f"{need} rows: {shown}; lower data.lags or drop these units")
   allv = np.concatenate(panel.units, 0)
-  const = [v for v, s in zip(panel.variables, allv.std(0)) if s == 0]
+  _check_scale(panel, allv, normalise, "")
+  const = [v for v, s in zip(panel.variables, _std(allv)) if s == 0]
   if const:
     raise DataError(f"{panel.source}: constant column(s) {const} carry no information and cannot be "
                     "normalised; drop them with --config.data.columns")
   if normalise == "unit":
     for name, u in zip(panel.unit_names, panel.units):
-      c = [v for v, s in zip(panel.variables, u.std(0)) if s == 0]
+      _check_scale(panel, u, normalise, f" within unit {name!r}")
+      c = [v for v, s in zip(panel.variables, _std(u)) if s == 0]
       if c:
         raise DataError(f"{panel.source}: column(s) {c} are constant within unit {name!r}, so data.normalise="
                         "'unit' cannot scale them; use data.normalise='global' or drop the unit")

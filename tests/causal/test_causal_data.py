@@ -85,6 +85,24 @@ def test_constant_and_short_errors(tmp_path):
     data.read_panel(str(tmp_path / "missing.csv"))
 
 
+def test_overflow_and_underflow_are_named_not_zeroed_or_called_constant(tmp_path):
+  """A column near 1e200 (its variance overflows float64: normalising would zero it) and one near 1e-300 (its
+  variance underflows: it would be called constant) are refused before any window is built, with the fix."""
+  rows = "".join(f"{i % 3 + 1},{(i % 4 + 1) * 1e200},{(i % 5 + 1) * 1e-300},{i % 7}\n" for i in range(20))
+  f = _write(tmp_path / "scale.csv", "a,big,tiny,c\n" + rows)
+  panel = data.read_panel(f)
+  with pytest.raises(DataError, match=r"\['big'\] overflow \(values up to 4e\+200.*divide them by a power of ten"):
+    data.make_windows(panel, 1)
+  g = _write(tmp_path / "tiny.csv", "a,tiny,c\n" + "".join(r.split(",", 2)[0] + "," + r.split(",", 2)[2]
+                                                          for r in rows.splitlines(True)))
+  with pytest.raises(DataError, match=r"\['tiny'\] vary .* underflows to 0 in float64.*multiply them"):
+    data.make_windows(data.read_panel(g), 1)
+  h = _write(tmp_path / "f32.csv", "a,b\n" + "".join(f"{i % 3},{(i % 4 + 1) * 1e39}\n" for i in range(20)))
+  data.make_windows(data.read_panel(h), 1)                       # normalised: fine in float32
+  with pytest.raises(DataError, match=r"\['b'\] overflow .*normalise='none'"):
+    data.make_windows(data.read_panel(h), 1, "none")
+
+
 def test_too_few_windows_and_one_column_are_refused(tmp_path):
   f = _write(tmp_path / "five.csv", "a,b\n1,2\n2,1\n3,3\n1,1\n2,5\n")
   with pytest.raises(DataError, match=r"2 window\(s\) of 3 lags give 2 for training and 0 for validation.*need >= 10 "

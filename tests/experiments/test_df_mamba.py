@@ -5,7 +5,7 @@ import importlib
 import numpy as np
 import pytest
 
-from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single
+from experiment_checks import canary_covered, check_end_to_end, check_resume, check_sharded_equals_single
 from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
 
@@ -17,6 +17,7 @@ SHORT = {"data.train_series": 8, "data.train_length": 128, "data.test_series": 8
 ONE = {**SHORT, "model.models": ("fractal",), "data.fine_rate": 0}   # the finer-rate test: test_tiny_end_to_end
 
 
+@canary_covered
 def test_tiny_end_to_end(tmp_path):
   s = check_end_to_end("df_mamba", tmp_path, SHORT)
   for m in ("fractal", "no_delta_scale", "flat"):

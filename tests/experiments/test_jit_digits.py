@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from experiment_checks import _run, _strip, check_end_to_end, check_sharded_equals_single, check_sigterm_resume
+from experiment_checks import (_run, _strip, canary_covered, check_end_to_end, check_sharded_equals_single,
+                               check_sigterm_resume)
 from jaxlab import configs, registry
 from jaxlab.errors import ConfigError, DataError
 
@@ -24,6 +25,7 @@ def short(tmp_path, **extra):
           **extra}
 
 
+@canary_covered
 def test_end_to_end_resume_and_judge_cache(tmp_path):
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, short(tmp_path))

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiment_checks import _run, _strip, check_end_to_end, check_sharded_equals_single, check_sigterm_resume
+from experiment_checks import (_run, _strip, canary_covered, check_end_to_end, check_sharded_equals_single,
+                               check_sigterm_resume)
 from jaxlab import configs, registry
 from jaxlab.diffusion import flow
 from jaxlab.errors import ConfigError
@@ -30,6 +31,7 @@ def short(tmp_path, **extra):
 ONE_DEVICE = {"mesh": (("data", 1), ("model", 1))}   # the default tests on one device (sharded: a slow test)
 
 
+@canary_covered
 def test_end_to_end_and_resume(tmp_path):
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, short(tmp_path, **ONE_DEVICE))

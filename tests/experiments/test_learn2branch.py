@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pyscipopt", reason="pyscipopt is not installed: pip install 'jaxlab[milp]'")
 
 import jax  # noqa: E402
-from experiment_checks import _run, _strip, check_end_to_end  # noqa: E402
+from experiment_checks import _run, _strip, canary_covered, check_end_to_end  # noqa: E402
 from jaxlab import mesh as mesh_lib  # noqa: E402
 from jaxlab import registry  # noqa: E402
 from jaxlab.errors import ConfigError  # noqa: E402
@@ -38,6 +38,7 @@ def _same(a, b):
   assert a == b
 
 
+@canary_covered
 def test_end_to_end_and_resume(tmp_path):
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, short(tmp_path))

@@ -49,6 +49,24 @@ def test_missing_inputs_are_clear_errors_before_anything_is_written(tmp_path):
     exp.train_module.train_and_evaluate(exp.get_config("full", {"data.path": "x.jsonl"}), str(tmp_path / "full"))
 
 
+def test_all_empty_completions_are_refused_before_anything_is_written(tmp_path, caplog):
+  """An empty target is matched by any generation that stops at once: all-empty completions would train on
+  nothing and score exact match 1.0."""
+  from jaxlab.errors import DataError
+  from jaxlab.lm import sft_data
+  exp = registry.load("lm_sft")
+  path = str(tmp_path / "empty.jsonl")
+  sft_data.write_jsonl(path, [{"prompt": f"{i}+{i}=", "completion": ""} for i in range(6)])
+  c = exp.get_config("tiny", {"data.source": "jsonl", "data.path": path})
+  with pytest.raises(DataError, match=r"every one of the 6 completions is empty"):
+    exp.train_module.train_and_evaluate(c, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+  sft_data.write_jsonl(path, [{"prompt": f"{i}+{i}=", "completion": "" if i < 2 else str(2 * i)} for i in range(6)])
+  with caplog.at_level("WARNING", logger="jaxlab"):
+    train, evals = exp.train_module.examples(c)
+  assert len(train) + len(evals) == 6 and "2 of 6 completions are empty" in caplog.text
+
+
 def test_a_tokenizer_larger_than_the_checkpoint_embedding_is_refused_before_training(tmp_path):
   import json
   ckpt = tmp_path / "ckpt"

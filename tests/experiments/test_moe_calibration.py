@@ -4,7 +4,7 @@ aggregate-only toy failing claim 1, config errors."""
 import numpy as np
 import pytest
 
-from experiment_checks import check_end_to_end, check_resume
+from experiment_checks import canary_covered, check_end_to_end, check_resume
 from jaxlab import metrics, registry
 from jaxlab.errors import ConfigError
 
@@ -18,6 +18,7 @@ def _method():
   return registry.load("moe_calibration").train_module.method
 
 
+@canary_covered
 def test_tiny_end_to_end(tmp_path):
   s = check_end_to_end("moe_calibration", tmp_path, SHORT)
   for arm in ("hard", "soft", "soft_global_ts", "oracle") + TRAINED:

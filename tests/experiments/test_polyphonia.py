@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.io import wavfile
 
-from experiment_checks import _run, _strip, check_end_to_end, check_sigterm_resume
+from experiment_checks import _run, _strip, canary_covered, check_end_to_end, check_sigterm_resume
 from jaxlab import registry
 from jaxlab.audio import synth
 from jaxlab.errors import ConfigError
@@ -27,6 +27,7 @@ def short(**extra):
           "edit.steps": 10, "edit.start": 6, "edit.batch_size": 8, "edit.wavs": 1, **extra}
 
 
+@canary_covered
 def test_end_to_end_and_resume(tmp_path):
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, short(**ONE_DEVICE))

@@ -10,7 +10,7 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from experiment_checks import (VOLATILE, check_end_to_end, check_resume, check_sharded_equals_single,
+from experiment_checks import (VOLATILE, canary_covered, check_end_to_end, check_resume, check_sharded_equals_single,
                                check_sigterm_resume)
 from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
@@ -44,6 +44,7 @@ def reference(tmp_path_factory):
   return wd, check_end_to_end("rlvr_arith", wd, ALL_ARMS)   # finished: returns its summary, checks the files
 
 
+@canary_covered
 def test_end_to_end_every_arm_and_resume(reference):
   wd, s = reference
   assert s["stages"] == ["sft", "eval_sft", "grpo", "shuffled", "rft"] and s["resumes"] == 1

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiment_checks import _run, _strip, check_end_to_end, check_sharded_equals_single, check_sigterm_resume
+from experiment_checks import (_run, _strip, canary_covered, check_end_to_end, check_sharded_equals_single,
+                               check_sigterm_resume)
 from jaxlab import configs, registry
 from jaxlab.errors import ConfigError, DataError
 
@@ -27,6 +28,7 @@ def short(tmp_path, **extra):
           "judge.cache_dir": str(tmp_path / "cache"), **extra}
 
 
+@canary_covered
 def test_end_to_end_and_resume(tmp_path):
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, short(tmp_path, **ONE_DEVICE))

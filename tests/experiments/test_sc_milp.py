@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("pyscipopt", reason="pyscipopt is not installed: pip install 'jaxlab[milp]'")
 
-from experiment_checks import _run, _strip, check_end_to_end  # noqa: E402
+from experiment_checks import _run, _strip, canary_covered, check_end_to_end  # noqa: E402
 from jaxlab import registry  # noqa: E402
 from jaxlab.errors import ConfigError  # noqa: E402
 
@@ -35,6 +35,7 @@ def _same(a, b):
   assert a == b
 
 
+@canary_covered
 def test_end_to_end_and_resume(tmp_path):
   cfg = registry.load(NAME).config_module
   wd = tmp_path / "run"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from scipy.io import wavfile
 
-from experiment_checks import _run, _strip, check_end_to_end, check_sharded_equals_single, check_sigterm_resume
+from experiment_checks import (_run, _strip, canary_covered, check_end_to_end, check_sharded_equals_single,
+                               check_sigterm_resume)
 from jaxlab import registry
 from jaxlab.errors import ConfigError
 
@@ -25,6 +26,7 @@ def short(**extra):
           "sample.batch_size": 16, "sample.steps": 10, "checks.num": 4, "checks.start": 6, **extra}
 
 
+@canary_covered
 def test_end_to_end_and_resume(tmp_path):
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, short(**ONE_DEVICE))

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from experiment_checks import _run, _strip, check_end_to_end
+from experiment_checks import _run, _strip, canary_covered, check_end_to_end
 from jaxlab import registry
 from jaxlab.errors import ConfigError
 
@@ -16,6 +16,7 @@ SHORT = {"train.num_steps": 40, "grouping.warmup": 10, "grouping.grad_batches": 
          "env.horizon": 12, "data.test_episodes": 2, "model.hidden": 16, "model.latent": 8}
 
 
+@canary_covered
 def test_end_to_end_resume_and_claims(tmp_path):
   exp = registry.load(NAME)
   cfg = exp.config_module

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from experiment_checks import _run, _strip, check_end_to_end
+from experiment_checks import _run, _strip, canary_covered, check_end_to_end
 from jaxlab import registry
 from jaxlab.errors import ConfigError
 
@@ -18,6 +18,7 @@ SHORT = {"env.env_steps": 1200, "agent.prefill": 100, "agent.train_every": 6.0, 
          "method.baseline_episodes": 1, "agent.checkpoint_every": 400}
 
 
+@canary_covered
 def test_end_to_end_claims_and_resume(tmp_path):
   pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'jaxlab[rl]'")
   exp = registry.load(NAME)
@@ -52,6 +53,32 @@ def test_end_to_end_claims_and_resume(tmp_path):
   again = _run(NAME, wd, SHORT)
   assert _strip(again)["single/episodes"] == _strip(s)["single/episodes"]
   assert again["grouped/updates"] == s["grouped/updates"]
+
+
+def test_claim_statistics_against_a_direct_computation():
+  """The claims' statistics on made-up summaries (the end-to-end run above checks them on a real one)."""
+  from scipy import stats
+  cfg = registry.load(NAME).config_module
+  rng = np.random.default_rng(0)
+  runs = []
+  for _ in range(3):     # (task, step, return) rows: 4 episodes per task and arm
+    eps = {arm: [[t, 250 * (i + 1), float(rng.uniform(100, 900))] for t in range(3) for i in range(4)]
+           for arm in ("single", "grouped")}
+    runs.append({"baseline/random": [float(rng.uniform(50, 150)), 0.0, None],
+                 "baseline/scripted": [float(rng.uniform(800, 1000)), 0.0, None],
+                 "single/episodes": eps["single"], "grouped/episodes": eps["grouped"]})
+  finals = [np.array(r["single/episodes"]) for r in runs]
+  finals = [e[e[:, 0] == 0, 2][-2:].mean() for e in finals]
+  assert cfg.vs_random(runs) == pytest.approx(min(f / r["baseline/random"][0] for f, r in zip(finals, runs)))
+  assert cfg.vs_scripted(runs) == pytest.approx(min(f / r["baseline/scripted"][0] for f, r in zip(finals, runs)))
+  gains = []
+  for r in runs:
+    g, s = np.array(r["grouped/episodes"]), np.array(r["single/episodes"])
+    gains.append(np.mean([g[g[:, 0] == t, 2].mean() - s[s[:, 0] == t, 2].mean() for t in range(3)]))
+  assert cfg.auc_gain(runs) == pytest.approx(np.mean(gains))
+  low = np.mean(gains) - stats.t.ppf(0.975, 2) * np.std(gains, ddof=1) / np.sqrt(3)
+  assert cfg.auc_gain_low(runs) == pytest.approx(low)
+  assert np.isnan(cfg.auc_gain_low(runs[:1]))
 
 
 @pytest.mark.parametrize("overrides, match", [

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from experiment_checks import VOLATILE, check_end_to_end, check_resume, check_sharded_equals_single
+from experiment_checks import VOLATILE, canary_covered, check_end_to_end, check_resume, check_sharded_equals_single
 from jaxlab import configs, metrics, registry
 from jaxlab.errors import ConfigError
 
@@ -37,6 +37,7 @@ def reference(tmp_path_factory):
   return wd, check_end_to_end("tom_rft", wd, SHORT)
 
 
+@canary_covered
 def test_end_to_end_every_arm_and_resume(reference):
   wd, s = reference
   assert s["stages"] == STAGES and s["resumes"] == 1
@@ -59,6 +60,7 @@ def test_end_to_end_every_arm_and_resume(reference):
   assert (wd / "stages" / "rft" / "rft_stats.json").exists()
 
 
+@canary_covered
 def test_only_the_needed_cold_starts_run(tmp_path, reference):
   s = _run(tmp_path, {**SHORT, "method.arms": ("think",), "audit.n_train": 60, "audit.n_test": 60})
   assert s["stages"] == ["audit", "pretrain", "cold_think", "eval_cold", "think"]
@@ -165,6 +167,7 @@ def test_missing_inputs_are_clear_errors_before_anything_is_written(tmp_path):
   assert not (tmp_path / "run").exists()
 
 
+@canary_covered
 def test_stable_keys_are_volatile_free(reference):
   _, s = reference
   assert not set(VOLATILE) & {k for k in s if k.startswith("eval/")}

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from experiment_checks import check_end_to_end, check_resume, check_sharded_equals_single
+from experiment_checks import canary_covered, check_end_to_end, check_resume, check_sharded_equals_single
 from jaxlab import metrics, registry
 from jaxlab.errors import ConfigError
 
@@ -22,6 +22,7 @@ def reference(tmp_path_factory):
   return wd, check_end_to_end("vr_thinker", wd, SHORT)
 
 
+@canary_covered
 def test_end_to_end_every_arm_and_resume(reference):
   wd, s = reference
   assert s["stages"] == STAGES and s["resumes"] == 1
