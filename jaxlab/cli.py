@@ -7,7 +7,9 @@
   resumes it, and exits with 130 (Ctrl-C) or 143 (SIGTERM), without a traceback. SIGTERM outside a
   training loop (e.g. while data loads) is turned into the same clean stop;
 * a full disk (ENOSPC anywhere in the exception's chain, orbax's wrapped errors included) prints one line naming
-  the device and the file it was writing, and exits with 1: the rerun resumes from the last checkpoint.
+  the file system (its mount point and free space), the file it was writing and the step the rerun resumes from
+  (`write_failure_message`; a read-only or unwritable path likewise), and exits with 1 at once
+  (`_exit_after_a_failed_write`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import warnings
 from typing import Callable, Sequence
 
@@ -76,6 +79,9 @@ def main_wrapper(fn: Callable[[list[str]], int], resume: Callable[[list[str]], l
                       format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
   for noisy in ("absl", "jax._src", "orbax", "etils"):
     logging.getLogger(noisy).setLevel(logging.WARNING)
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(_not_a_failed_write)
+  sys.excepthook = _without_closed_loop_errors(sys.excepthook)
   argv = sys.argv[1:]
   signal.signal(signal.SIGTERM, _sigterm)
   try:
@@ -90,24 +96,116 @@ def main_wrapper(fn: Callable[[list[str]], int], resume: Callable[[list[str]], l
     print(interrupt_message(e, _command(resume(argv) if resume else argv)), file=sys.stderr, flush=True)
     sys.exit(128 + (e.signum if isinstance(e, Interrupted) else signal.SIGINT))
   except Exception as e:  # pylint: disable=broad-except
-    full = no_space(e)
-    if full is None:
+    failed = write_failure(e)
+    if failed is None:
       raise
-    where = f" while writing {full.filename}" if full.filename else ""
-    print(f"error: no space left on the device{where}; free some space and rerun the same command: the run resumes "
-          "from its last checkpoint", file=sys.stderr, flush=True)
-    sys.exit(1)
+    print(write_failure_message(failed, _flag(argv, "--workdir")), file=sys.stderr, flush=True)
+    _exit_after_a_failed_write(1)
   sys.exit(code or 0)
+
+
+# errno of a failed write -> what the one line calls it; ENOSPC / EDQUOT are a full disk, the rest a path
+# that cannot be written (a read-only mount, a checkpoints directory without write permission).
+_WRITE_ERRNOS = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded", errno.EROFS: "read-only",
+                 errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
 
 
 def no_space(e: BaseException) -> OSError | None:
   """The ENOSPC error in `e`'s chain of causes (a full disk), or None."""
+  found = write_failure(e)
+  return found if found is not None and found.errno == errno.ENOSPC else None
+
+
+def write_failure(e: BaseException) -> OSError | None:
+  """The OSError of a failed write (full disk, quota, read-only or unwritable path) in `e`'s chain, or None."""
   seen = set()
   while e is not None and id(e) not in seen:
     seen.add(id(e))
-    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+    if isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
       return e
     e = e.__cause__ or e.__context__
+  return None
+
+
+_WRITE_FAILURE_TEXT = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied",
+                       "RESOURCE_EXHAUSTED")
+
+
+def _not_a_failed_write(record: logging.LogRecord) -> bool:
+  """Drops the log records (with tracebacks) that orbax's save threads write when a write fails (full disk,
+  read-only path): the one line that `main_wrapper` prints says it all."""
+  error = record.exc_info[1] if record.exc_info else None
+  text = record.getMessage()
+  return not ((error is not None and write_failure(error) is not None) or any(s in text for s in _WRITE_FAILURE_TEXT))
+
+
+def _without_closed_loop_errors(hook):
+  """`hook` (sys.excepthook) without the "Event loop is closed" errors that the storage layer's callbacks print
+  from their own threads once a failed save has closed orbax's event loop; every other error goes to `hook`."""
+  if getattr(hook, "jaxlab_quiet", False):
+    return hook
+
+  def excepthook(kind, value, tb):
+    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+      logging.getLogger("jaxlab").debug("after a failed save: %r", value)
+      return
+    hook(kind, value, tb)
+  excepthook.jaxlab_quiet = True
+  return excepthook
+
+
+def _exit_after_a_failed_write(code: int) -> None:
+  """Ends the process with `code` at once, after the one line: a failed write leaves orbax's asynchronous save
+  threads behind, which at interpreter exit print their own copies of the failure (thread tracebacks, "Event
+  loop is closed" from the storage layer's callbacks) and can keep the process waiting for good. The workdir
+  locks this process holds are given back first (the atexit handlers do not run)."""
+  from jaxlab import workdir
+  logging.disable(logging.CRITICAL)
+  workdir._release_all()   # pylint: disable=protected-access  (its atexit handler)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
+
+
+def write_failure_message(e: OSError, workdir: str | None = None) -> str:
+  """The one line printed when a write fails: for a full disk the file system (mount point and free space), else
+  the path that cannot be written; the file being written; and the step the rerun resumes from (the newest
+  checkpoint in `workdir`, when known)."""
+  path = e.filename or workdir
+  where = f" while writing {e.filename}" if e.filename else ""
+  device, free = "the device", ""
+  if path:
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+      probe = os.path.dirname(probe)
+    device = probe
+    while not os.path.ismount(device):
+      device = os.path.dirname(device)
+    try:
+      st = os.statvfs(probe)
+      free = f" ({st.f_bavail * st.f_frsize / 2**20:.1f} MiB free of {st.f_blocks * st.f_frsize / 2**20:.1f})"
+    except OSError:
+      pass
+  resume = "from its last checkpoint"
+  if workdir:
+    root = os.path.join(workdir, "checkpoints")
+    steps = [int(d) for d in (os.listdir(root) if os.path.isdir(root) else []) if d.isdigit()]
+    resume = f"from step {max(steps)}" if steps else "from the start (no checkpoint was written)"
+  if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    return (f"error: {_WRITE_ERRNOS[e.errno]} on {device}{free}{where}; free some space and rerun the same "
+            f"command: the run resumes {resume}")
+  what = f"{e.filename} cannot be written" if e.filename else f"a file under {device} cannot be written"
+  return (f"error: {what} ({_WRITE_ERRNOS[e.errno]}: {e.strerror or e}); make it writable (or use another "
+          f"--workdir) and rerun the same command: the run resumes {resume}")
+
+
+def _flag(argv: Sequence[str], name: str) -> str | None:
+  """The value of `--name VALUE` / `--name=VALUE` in argv, or None."""
+  for i, a in enumerate(argv):
+    if a == name and i + 1 < len(argv):
+      return argv[i + 1]
+    if a.startswith(name + "="):
+      return a.split("=", 1)[1]
   return None
 
 

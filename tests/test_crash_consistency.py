@@ -194,8 +194,108 @@ def test_a_full_disk_is_one_line_and_exit_1(monkeypatch, capsys):
     except OSError as e:
       raise RuntimeError("orbax: save failed") from e
   monkeypatch.setattr(sys, "argv", ["prog"])
+  # In-process: a plain exit instead of the watchdog that ends a real process whose save threads hang (the
+  # tmpfs test below runs the real one).
+  monkeypatch.setattr(cli, "_exit_after_a_failed_write", sys.exit)
   with pytest.raises(SystemExit) as e:
     cli.main_wrapper(main)
   err = capsys.readouterr().err.strip().splitlines()
   assert e.value.code == 1 and len(err) == 1
-  assert err[0].startswith("error: no space left on the device while writing /w/checkpoints/10/model/d/abc")
+  assert err[0].startswith("error: no space left on / (") and "while writing /w/checkpoints/10/model/d/abc" in err[0]
+  assert err[0].endswith("the run resumes from its last checkpoint")
+
+
+TOY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "toy", "config.py")
+_FIT_FLAGS = ("--config.train.num_steps=20", "--config.train.log_every=5", "--config.train.eval_every=10",
+              "--config.train.checkpoint_every=10", "--config.train.async_checkpoint=False")   # `_fit`, saving in the foreground
+
+
+def _without_closed_loop_tracebacks(stderr: str) -> str:
+  """stderr without the "Event loop is closed" tracebacks that tensorstore's C++ callbacks print from their own
+  threads when a failed save has closed orbax's event loop (printed past Python's hooks, so the CLI cannot drop
+  them; seen in about one run in three under load). Everything else stays and is checked."""
+  out, block = [], []
+  for line in stderr.splitlines():
+    if line.startswith("Traceback (most recent call last):") or (block and line.startswith(" ")):
+      block.append(line)
+      continue
+    if block and line.strip() == "RuntimeError: Event loop is closed":
+      block = []
+      continue
+    out += block
+    block = []
+    if line.strip() != "Error: Event loop is closed":
+      out.append(line)
+  return "\n".join(out + block)
+
+
+def _newest_checkpoint(wd):
+  root = os.path.join(wd, "checkpoints")
+  steps = [int(d) for d in os.listdir(root) if d.isdigit()] if os.path.isdir(root) else []
+  return f"from step {max(steps)}" if steps else "from the start (no checkpoint was written)"
+
+
+def _mount_tmpfs(path, size):
+  if not sys.platform.startswith("linux") or os.geteuid() != 0:
+    pytest.skip("a full-disk test mounts a small tmpfs, which needs root on Linux")
+  os.makedirs(path)
+  r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                     text=True, check=False)
+  if r.returncode:
+    pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}); the container lacks CAP_SYS_ADMIN")
+
+
+def test_a_full_tmpfs_is_one_line_then_the_rerun_ends_identical(toy, fit_ref, tmp_path):
+  """A real full file system (a 1 MiB tmpfs with a filler file): the run stops at the checkpoint that does not
+  fit with one line naming the mount, the file and the step to resume from (exit 1, no traceback, no hang); with
+  the filler gone, the same command resumes and ends with an uninterrupted run's rows and summary."""
+  disk = tmp_path / "disk"
+  _mount_tmpfs(disk, "1m")
+  try:
+    st = os.statvfs(disk)
+    with open(disk / "filler", "wb") as f:      # leaves ~260 KiB: the step-10 checkpoint fits, step 20's does not
+      f.write(b"\0" * (st.f_bavail * st.f_frsize - 260 * 1024))
+    wd = disk / "run"
+    cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
+    env = {**os.environ, "JAXLAB_PROGRESS": "0"}
+    full = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    stderr = _without_closed_loop_tracebacks(full.stderr)
+    err = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert full.returncode == 1 and "Traceback" not in stderr, full.stderr[-2000:]
+    assert len(err) == 1 and err[0].startswith(f"error: no space left on {disk} (") and "MiB free" in err[0]
+    assert err[0].endswith(f"the run resumes {_newest_checkpoint(wd)}"), err[0]
+    assert not os.path.exists(wd / workdir_lib.LOCK)
+    os.remove(disk / "filler")
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ref_wd, ref = fit_ref
+    assert _rows(wd) == _rows(ref_wd)
+    assert _strip(metrics.read_json(str(wd / "summary.json"))) == _strip(metrics.jsonable(ref))
+  finally:
+    subprocess.run(["umount", str(disk)], check=False)
+
+
+def test_a_read_only_checkpoints_directory_is_one_line_then_the_rerun_ends_identical(toy, fit_ref, tmp_path):
+  """The checkpoints directory on a read-only mount: the first save fails with one line naming the path (exit
+  1, no traceback, no hang in orbax's save threads); made writable, the same command runs to the end."""
+  wd = tmp_path / "run"
+  _mount_tmpfs(wd / "checkpoints", "4m")
+  try:
+    subprocess.run(["mount", "-o", "remount,ro", str(wd / "checkpoints")], check=True)
+    cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
+    env = {**os.environ, "JAXLAB_PROGRESS": "0"}
+    ro = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    stderr = _without_closed_loop_tracebacks(ro.stderr)
+    err = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
+    assert ro.returncode == 1 and "Traceback" not in stderr, ro.stderr[-2000:]
+    assert len(err) == 1 and "cannot be written (read-only" in err[0], err
+    assert err[0].endswith("the run resumes from the start (no checkpoint was written)"), err[0]
+    assert not os.path.exists(wd / workdir_lib.LOCK)
+    subprocess.run(["mount", "-o", "remount,rw", str(wd / "checkpoints")], check=True)
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ref_wd, ref = fit_ref
+    assert _rows(wd) == _rows(ref_wd)
+    assert _strip(metrics.read_json(str(wd / "summary.json"))) == _strip(metrics.jsonable(ref))
+  finally:
+    subprocess.run(["umount", str(wd / "checkpoints")], check=False)
