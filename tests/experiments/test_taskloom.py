@@ -46,6 +46,20 @@ def test_end_to_end_resume_and_claims(tmp_path):
   assert _strip(_run(NAME, wd, SHORT)) == _strip(s)
 
 
+def test_claim_statistics_against_a_direct_computation():
+  """The claims' statistics on made-up summaries (the end-to-end run above checks them on a real one)."""
+  cfg = registry.load(NAME).config_module
+  rng = np.random.default_rng(0)
+  s = {"task_family": [0, 0, 1, 1, 2, 2]}
+  for arm in ("independent", "shared", "grouped"):
+    s[f"{arm}/open_loop"] = rng.uniform(0.1, 2.0, (6, 5)).tolist()
+  fam = np.array(s["task_family"])
+  g, i, sh = (np.array(s[f"{a}/open_loop"])[:, 4] for a in ("grouped", "independent", "shared"))
+  assert cfg.grouped_vs_independent([s]) == pytest.approx(g.mean() / i.mean())
+  worst = int(np.argmax([sh[fam == f].mean() - i[fam == f].mean() for f in range(3)]))
+  assert cfg.grouped_vs_shared_worst([s]) == pytest.approx(g[fam == worst].mean() / sh[fam == worst].mean())
+
+
 def test_regrouping_runs(tmp_path):
   s = _run(NAME, tmp_path / "re", {**SHORT, "grouping.regroup_every": 10, "grouping.loss": "full",
                                    "method.arms": ("grouped",)})
