@@ -78,21 +78,30 @@ def test_paired_guided_denoiser_halves_equal_guided_denoiser():
   m = random_model()
   x, tokens = batch(4)
   src, tgt = tokens[:2], jnp.roll(tokens[:2], 1, axis=1).at[:, 1].set(-1).at[:, 0].set(jnp.asarray([2, 3]))
+  both = jnp.concatenate([src, tgt])
   xx = jnp.concatenate([x[:2], x[:2]])
   t = jnp.full((4,), 40, jnp.int32)
   scale = jnp.asarray([1.0, 1.0, 3.0, 3.0])
-  paired = model_lib.paired_guided_denoiser(m, jnp.concatenate([src, tgt]), scale)(xx, t)
-  np.testing.assert_allclose(paired[:2], model_lib.guided_denoiser(m, src, 1.0)(x[:2], t[:2]), atol=2e-5)
-  np.testing.assert_allclose(paired[2:], model_lib.guided_denoiser(m, tgt, 3.0)(x[:2], t[:2]), atol=2e-5)
-  # Calibration with M = 1 and gamma = 0 is the plain target logits: the target half is unchanged.
   ctx = {"prior": jnp.ones((2, CFG.grid[0] * CFG.grid[1])), "target": jnp.zeros((2,), jnp.int32)}
-  calibrated = model_lib.paired_guided_denoiser(m, jnp.concatenate([src, tgt]), scale,
-                                                controller=ctl.calibrate(gamma=0.0), ctx=ctx)(xx, t)
-  np.testing.assert_allclose(calibrated, paired, atol=2e-5)
   seen = []
 
   def spy(lg, layer, step, c):
     seen.append((lg.shape[0], c["prior"].shape[0]))
     return lg
-  model_lib.paired_guided_denoiser(m, jnp.concatenate([src, tgt]), scale, controller=spy, ctx=ctx)(xx, t)
+
+  @jax.jit
+  def run(xx, t):
+    """Every denoiser call below in one compiled program (eagerly, each batch shape compiles every op anew)."""
+    return (model_lib.paired_guided_denoiser(m, both, scale)(xx, t),
+            model_lib.guided_denoiser(m, src, 1.0)(xx[:2], t[:2]),
+            model_lib.guided_denoiser(m, tgt, 3.0)(xx[:2], t[:2]),
+            # Calibration with M = 1 and gamma = 0 is the plain target logits: the target half is unchanged.
+            model_lib.paired_guided_denoiser(m, both, scale, controller=ctl.calibrate(gamma=0.0), ctx=ctx)(xx, t),
+            model_lib.paired_guided_denoiser(m, both, scale, controller=spy, ctx=ctx)(xx, t))
+
+  paired, plain_src, plain_tgt, calibrated, spied = run(xx, t)
+  np.testing.assert_allclose(paired[:2], plain_src, atol=2e-5)
+  np.testing.assert_allclose(paired[2:], plain_tgt, atol=2e-5)
+  np.testing.assert_allclose(calibrated, paired, atol=2e-5)
+  np.testing.assert_array_equal(spied, paired)           # the spy only looks
   assert seen == [(8, 4)] * CFG.depth        # [src cond; src uncond; tgt cond; tgt uncond], prior per branch
