@@ -13,13 +13,31 @@ from jaxlab.rl.dreamer import agent as agent_lib
 from jaxlab.rl.dreamer import behavior, online, rssm
 
 
-def _agent(num_tasks=3, obs_dim=5, act_dim=1, exchange=r"^gru/", **kw):
+def _agent(num_tasks=3, obs_dim=5, act_dim=1, exchange=r"^gru/", obs_mask=None, **kw):
   w = rssm.WorldModelConfig(obs_dim=obs_dim, act_dim=act_dim, num_tasks=num_tasks, deter=16, stoch=4, classes=4,
                             hidden=16, layers=1, emb=2, num_bins=21)
   b = behavior.BehaviorConfig(act_dim=act_dim, hidden=16, layers=1, horizon=5, gamma=0.99, num_bins=21)
-  c = agent_lib.AgentConfig(**{**dict(batch_size=2, seq_len=8, model_lr=1e-3, actor_lr=1e-3, critic_lr=1e-3,
-                                      train_every=4, prefill=30, action_repeat=4, imag_starts=8), **kw})
-  return agent_lib.Agent(w, b, c, exchange=exchange)
+  c = agent_lib.AgentConfig(**{"batch_size": 2, "seq_len": 8, "model_lr": 1e-3, "actor_lr": 1e-3, "critic_lr": 1e-3,
+                               "train_every": 4, "prefill": 30, "action_repeat": 4, "imag_starts": 8, **kw})
+  return agent_lib.Agent(w, b, c, obs_mask=obs_mask, exchange=exchange)
+
+
+# The online test's tasks: their observation sizes (5, 5, 4: padded to 5, the mask zeroes the pad) and action
+# sizes (1, 1, 2: padded to 2). The online test checks these against the environment.
+ONLINE_TASKS = ["cartpole-balance", "cartpole-swingup", "point_mass-easy"]
+ONLINE_OBS_MASK = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], np.float32)
+ONLINE_STEPS = 2000                                       # env steps per task of the online run
+REPEAT = 8
+
+
+@pytest.fixture(scope="module")
+def agent():
+  """One agent for the whole file, shaped like the online test's (3 tasks, obs 5 with the point_mass mask, act 2):
+  jax compiles `update` once per grouping (the `members` rows), so the update tests' [0, 0, 0] and [0, 1, 1]
+  groupings and the task-gradient test compile the programs the online run then reuses (its shared model,
+  then its two groups: it finds the labels [0, 1, 1]; other labels would only cost one more compile)."""
+  return _agent(num_tasks=3, obs_dim=5, act_dim=2, obs_mask=ONLINE_OBS_MASK, checkpoint_every=600,
+                action_repeat=REPEAT)
 
 
 def test_member_rows_and_regroup():
@@ -33,8 +51,9 @@ def test_member_rows_and_regroup():
   np.testing.assert_allclose(out["a"], [[1 / 3, 1 / 3]])            # a model shared by two tasks counts twice
 
 
-def _buffer(num_tasks, obs_dim=5, act_dim=1, n=40):
-  buf = replay.init(num_tasks, n, obs_dim, act_dim)
+def _buffer(num_tasks, obs_dim=5, act_dim=2, n=40, capacity=ONLINE_STEPS // REPEAT + 1):
+  """`n` random steps per task in rings of the online run's capacity (its agent steps + 1: the same program)."""
+  buf = replay.init(num_tasks, capacity, obs_dim, act_dim)
   rng = np.random.default_rng(0)
   for t in range(num_tasks):
     first = np.arange(n) % 20 == 0
@@ -43,10 +62,10 @@ def _buffer(num_tasks, obs_dim=5, act_dim=1, n=40):
   return buf
 
 
-@pytest.mark.parametrize("assign", [[0, 1, 2], [0, 0, 0], [0, 0, 1]])
-def test_update_runs_for_every_grouping_and_exchange_ties_the_subset(assign):
+@pytest.mark.parametrize("assign", [[0, 1, 2], [0, 0, 0], [0, 1, 1]])
+def test_update_runs_for_every_grouping_and_exchange_ties_the_subset(agent, assign):
   assign = np.array(assign)
-  ag = _agent()
+  ag = agent
   st = ag.init(jax.random.key(0), assign)
   buf = _buffer(3)
   members = agent_lib.member_rows(assign, 2)
@@ -63,10 +82,10 @@ def test_update_runs_for_every_grouping_and_exchange_ties_the_subset(assign):
     assert not np.allclose(st["ac"]["actor"][0]["w"][t], fresh["ac"]["actor"][0]["w"][t])
 
 
-def test_task_gradients_and_grouping_config_errors():
-  ag = _agent()
+def test_task_gradients_and_grouping_config_errors(agent):
+  ag = agent
   st = ag.init(jax.random.key(0), np.zeros(3, int))
-  g = ag.task_gradients(st, _buffer(3), jax.random.key(2), batches=2)
+  g = ag.task_gradients(st, _buffer(3), jax.random.key(2), batches=1)     # the online run's grad_batches
   assert g.shape[0] == 3 and np.all(np.isfinite(g)) and np.all(np.linalg.norm(g, axis=1) > 0)
   with pytest.raises(ConfigError, match="grouping.mode='mixture'"):
     agent_lib.GroupingConfig(mode="mixture")
@@ -94,23 +113,27 @@ class _CrashingEnv:
     return self.env.step(actions)
 
 
-def test_online_run_groups_checkpoints_and_resumes(tmp_path):
+def test_online_run_groups_checkpoints_and_resumes(agent, tmp_path):
   pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'jaxlab[rl]'")
   from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
-  names = ["cartpole-balance", "cartpole-swingup", "point_mass-easy"]
   grouping = agent_lib.GroupingConfig("grouped", group_at=400, num_groups=2, grad_batches=1, exchange_every=5)
-  kw = dict(env_steps=2000, key=jax.random.key(0), grouping=grouping)
-  with DMControlTasks(names, seed=0) as env:
-    ag = _agent(num_tasks=3, obs_dim=env.obs_dim, act_dim=env.act_dim, checkpoint_every=600)
-    ag.obs_mask = jnp.asarray(env.obs_mask)
+  kw = {"env_steps": ONLINE_STEPS, "key": jax.random.key(0), "grouping": grouping}
+  ag = agent                     # checkpoint_every=600 env steps, action_repeat=8: 250 agent steps per run
+
+  def env():   # a fresh batch per run: every run starts from the same MuJoCo states
+    return DMControlTasks(ONLINE_TASKS, seed=0)
+  with env() as e:
+    assert (e.obs_dim, e.act_dim) == (5, 2)
+    np.testing.assert_array_equal(e.obs_mask, ONLINE_OBS_MASK)
     with pytest.raises(ConfigError, match="leaves no learning after the prefill"):
-      online.run(ag, env, str(tmp_path / "x"), env_steps=100, key=jax.random.key(0), grouping=grouping)
-    ref = online.run(ag, env, str(tmp_path / "ref"), **kw)
-    with pytest.raises(_Crash):      # interrupted after the checkpoint at 600 env steps (agent step 150)
-      online.run(ag, _CrashingEnv(env, 4 * 200), str(tmp_path / "r"), **kw)
-    full = online.run(ag, env, str(tmp_path / "r"), eval_episodes=1, **kw)
+      online.run(ag, e, str(tmp_path / "x"), env_steps=100, key=jax.random.key(0), grouping=grouping)
+    ref = online.run(ag, e, str(tmp_path / "ref"), **kw)
+  with env() as e, pytest.raises(_Crash):   # interrupted after the checkpoint at 600 env steps (agent step 75)
+    online.run(ag, _CrashingEnv(e, REPEAT * 100), str(tmp_path / "r"), **kw)
+  with env() as e:
+    full = online.run(ag, e, str(tmp_path / "r"), eval_episodes=1, **kw)
   assert ref["resumes"] == 0 and full["resumes"] == 1
-  assert full["updates"] == ref["updates"] == (500 - 30 + 1) // 4     # one update per 4 agent steps after the prefill
+  assert full["updates"] == ref["updates"] == (250 - 30 + 1) // 4     # one update per 4 agent steps after the prefill
   # The grouping at 400 env steps happened before the checkpoint: the resumed run restores it, not redoes it.
   for run in (ref, full):
     assert len(run["groupings"]) == 1 and run["groupings"][0][0] == 400
@@ -119,7 +142,7 @@ def test_online_run_groups_checkpoints_and_resumes(tmp_path):
   cos = np.array(full["groupings"][0][2])
   np.testing.assert_allclose(np.diag(cos), 1.0, atol=1e-3)
   # One complete 1000-step episode per task (the reset step pushes the second past 2000); the resumed run starts
-  # fresh episodes at its checkpoint (agent step 150) and completes one per task too.
+  # fresh episodes at its checkpoint (agent step 75) and completes one per task too.
   assert sorted(e[0] for e in ref["episodes"]) == [0, 1, 2]
   assert {e[0] for e in full["episodes"]} == {0, 1, 2}
   assert len(full["eval"]) == 3 and all(np.isfinite(full["eval"]))
