@@ -135,7 +135,7 @@ def test_llama_bench_memory_matches_the_analytic_count():
   n = 2 * 32000 * 2048 + 16 * (4 * 2048 * 2048 + 3 * 2048 * 5632 + 2 * 2048) + 2048   # untied embeddings
 
   def targets(config):
-    return [cc.train_target(config, lambda rngs: Transformer(cfg, rngs=rngs), sft.make_loss_fn(), cc.lm_batch(8, 1024))]
+    return [cc.train_target(config, lambda rngs: Transformer(cfg, rngs=rngs), sft.make_loss_fn(), cc.lm_batch(8, 128))]
 
   row = cc.check(c, cc.topology("v5e:2x2"), targets)[0]
   assert row["num_params"] == pytest.approx(n, rel=0.01)

@@ -43,18 +43,35 @@ def rel(a, b):
   return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
 
 
+# Every (shape, options) pair. A Pallas kernel only branches on (with_z, softplus) (D and delta_bias become zeros,
+# the last state is always computed), and OPTIONS holds all four of those; so a Pallas impl runs every option at
+# the odd shape (padding in length, dim and state) and two kernel variants (z + softplus, neither) at the
+# aligned and the many-chunk shapes: every kernel variant and every padding case, in 8 programs instead of 12.
+ALL_CASES = tuple((shape, opts) for shape in SHAPES for opts in OPTIONS)
+PALLAS_CASES = (tuple((SHAPES[2], opts) for opts in OPTIONS)
+                + tuple((shape, OPTIONS[i]) for shape in SHAPES[:2] for i in (0, 1)))
+
+
+def pytest_generate_tests(metafunc):
+  """The contract's forward and gradient tests run the (shape, options) pairs of their class's FORWARD_CASES
+  and GRAD_CASES."""
+  cases = {"test_forward_float32": "FORWARD_CASES", "test_gradients_match_reference": "GRAD_CASES"}
+  if metafunc.cls is not None and metafunc.function.__name__ in cases:
+    metafunc.parametrize("shape,opts", list(getattr(metafunc.cls, cases[metafunc.function.__name__])), ids=str)
+
+
 class SelectiveScanContract:
   """What every impl must satisfy; subclasses set IMPL (and BLOCKS for the Pallas ones)."""
   IMPL = None
   BLOCKS = None
   GRADS = True
+  FORWARD_CASES = ALL_CASES
+  GRAD_CASES = (((2, 64, 128, 16), OPTIONS[0]), ((1, 37, 40, 5), OPTIONS[1]))
 
   def run(self, x, softplus, last):
     return selective_scan(**x, delta_softplus=softplus, return_last_state=last, impl=self.IMPL,
                           block_sizes=self.BLOCKS)
 
-  @pytest.mark.parametrize("shape", SHAPES, ids=str)
-  @pytest.mark.parametrize("opts", OPTIONS, ids=str)
   def test_forward_float32(self, shape, opts):
     with_z, with_D, with_bias, softplus, last = opts
     x = pick(make_inputs(*shape, softplus=softplus), with_z, with_D, with_bias)
@@ -72,7 +89,6 @@ class SelectiveScanContract:
     assert got.dtype == jnp.bfloat16 and last.dtype == jnp.float32
     assert rel(got, want) <= 1e-2 and rel(last, want_last) <= 1e-2
 
-  @pytest.mark.parametrize("shape,opts", [((2, 64, 128, 16), OPTIONS[0]), ((1, 37, 40, 5), OPTIONS[1])], ids=str)
   def test_gradients_match_reference(self, shape, opts):
     if not self.GRADS:
       pytest.skip("the reference's own gradients are checked against finite differences below")
@@ -88,8 +104,8 @@ class SelectiveScanContract:
 
     mine = lambda **kw: selective_scan(**kw, impl=self.IMPL, block_sizes=self.BLOCKS)  # noqa: E731
     vals = [x[k] for k in names]
-    g = jax.grad(lambda *v: loss(mine, *v), argnums=tuple(range(len(vals))))(*vals)
-    w = jax.grad(lambda *v: loss(reference.selective_scan_ref, *v), argnums=tuple(range(len(vals))))(*vals)
+    g = jax.jit(jax.grad(lambda *v: loss(mine, *v), argnums=tuple(range(len(vals)))))(*vals)
+    w = jax.jit(jax.grad(lambda *v: loss(reference.selective_scan_ref, *v), argnums=tuple(range(len(vals)))))(*vals)
     for name, a, b in zip(names, g, w):
       assert rel(a, b) <= 1e-4, f"d{name}: relative error {rel(a, b):.2e}"
 
@@ -110,7 +126,7 @@ class SelectiveScanContract:
     fn = jax.jit(lambda x: selective_scan(**x, return_last_state=True, **kw))
     loss = lambda B: jnp.sum(selective_scan(**dict(x, B=B), **kw) ** 2)  # noqa: E731
     want, want_last = fn(x)
-    wB = jax.grad(loss)(x["B"])
+    wB = jax.jit(jax.grad(loss))(x["B"])
     with mesh_lib.use(m):
       per_shard = "shard_map" in str(jax.make_jaxpr(fn)(x))
       out, last = fn(x)
@@ -132,6 +148,7 @@ class TestInterpret(SelectiveScanContract):
   """The GPU (Triton-lowered) kernels under the Pallas interpreter."""
   IMPL = "interpret"
   BLOCKS = SMALL
+  FORWARD_CASES = PALLAS_CASES
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jaxlab.kernels.selective_scan.kernel_tpu") is None,
@@ -139,7 +156,16 @@ class TestInterpret(SelectiveScanContract):
 class TestInterpretTpu(SelectiveScanContract):
   """The TPU (Mosaic) kernels under Pallas' TPU interpret mode."""
   IMPL = "interpret_tpu"
-  BLOCKS = BlockSizes(chunk=32, sub_chunk=8)
+  BLOCKS = BlockSizes(chunk=32, sub_chunk=8)   # = test_selective_scan_tpu.SMALL (block_d = block_d_bwd = 128)
+  # test_selective_scan_tpu.py runs the same programs (same blocks) at the aligned and the
+  # many-chunk shapes (test_forward_matches_reference_float32: (64, OPTIONS[0]), (64, OPTIONS[1]),
+  # (200, OPTIONS[0]), (200, OPTIONS[2]); OPTIONS[3] at 200 with other blocks), the same bfloat16 forward
+  # (test_forward_bfloat16) and the same aligned gradients (test_gradients_of_every_input_match_reference
+  # [(2, 64, 128, 16)-OPTIONS[0]-SMALL]); here only what that file does not run: every option at the odd shape,
+  # and the odd-shape gradients without z / D / bias / softplus.
+  FORWARD_CASES = tuple((SHAPES[2], opts) for opts in OPTIONS)
+  GRAD_CASES = (((1, 37, 40, 5), OPTIONS[1]),)
+  test_forward_bfloat16 = None    # identical to test_selective_scan_tpu.py::test_forward_bfloat16
 
   @pytest.mark.slow   # about a minute in the TPU interpreter; TestInterpret checks the same contract by default
   def test_mesh_context_equals_unsharded(self):

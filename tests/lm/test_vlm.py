@@ -37,6 +37,11 @@ def _tokens(cfg):
                    [3] + cfg.image_tokens(1) + [7, 8, 9, 10, 11, 12, 13, 14]], np.int32)
 
 
+# Forwards and gradients run under `nnx.jit`: one compiled program per call instead of one per eager op.
+_fwd = nnx.jit(lambda m, toks, images: m(toks, images=images))
+_plain = nnx.jit(lambda m, toks: m(toks))
+
+
 def _load(module, params):
   st = nnx.state(module, nnx.Param)
   nnx.replace_by_pure_dict(st, params)
@@ -49,17 +54,17 @@ def test_visual_tokens_equal_an_extended_vocabulary_decoder():
   cfg = _cfg()
   m = VisionLM(cfg, rngs=nnx.Rngs(0))
   imgs, toks = _images(), _tokens(cfg)
-  got = np.asarray(m(toks, images=imgs))
+  got = np.asarray(_fwd(m, toks, imgs))
   feats = m.vision(jnp.asarray(imgs.reshape(6, 8, 8, 1)))
   bank = np.asarray(m.projector(feats)).reshape(2, 3 * cfg.tokens_per_image, -1)
   params = ModelDef.split(m.decoder)[0]
+  ext = Transformer(cfg.decoder.replace(vocab_size=V + bank.shape[1]), rngs=nnx.Rngs(1))
   for b in range(2):
-    ext = Transformer(cfg.decoder.replace(vocab_size=V + bank.shape[1]), rngs=nnx.Rngs(1))
     p = jax.tree.map(np.asarray, params)
     p["embed"]["embedding"] = np.concatenate([p["embed"]["embedding"], bank[b]])
     p["lm_head"]["kernel"] = np.concatenate([p["lm_head"]["kernel"], np.zeros((32, bank.shape[1]), np.float32)], 1)
-    _load(ext, p)
-    want = np.asarray(ext(toks[b:b + 1]))[0, :, :V]
+    _load(ext, p)     # every parameter replaced: row b's extended decoder
+    want = np.asarray(_plain(ext, toks[b:b + 1]))[0, :, :V]
     np.testing.assert_allclose(got[b], want, atol=2e-5)
 
 
@@ -69,8 +74,9 @@ def test_text_tokens_match_the_plain_decoder_and_no_bank_stays_in_the_state():
   plain = Transformer(cfg.decoder, rngs=nnx.Rngs(0))
   _load(plain, ModelDef.split(m.decoder)[0])
   toks = np.arange(1, 21, dtype=np.int32).reshape(2, 10)
-  np.testing.assert_allclose(np.asarray(m(toks, images=_images())), np.asarray(plain(toks)), atol=1e-6)
-  np.testing.assert_allclose(np.asarray(m(toks)), np.asarray(plain(toks)), atol=1e-6)
+  want = np.asarray(_plain(plain, toks))
+  np.testing.assert_allclose(np.asarray(_fwd(m, toks, _images())), want, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(_plain(m, toks)), want, atol=1e-6)
   md = ModelDef(lambda r: VisionLM(cfg, rngs=r))
   params, state = md.init(jax.random.key(0))
   assert state == {} and "bank" not in str(jax.tree_util.tree_structure(params))
@@ -91,7 +97,7 @@ def test_bound_sampling_equals_the_uncached_forward():
   out = generate(bound, prompts, 5, temperature=0.0)
   for b, p in enumerate(prompts):
     seq = p + [int(t) for t in np.asarray(out.tokens[b, :4])]
-    logits = np.asarray(m(np.asarray([seq]), images=imgs[b:b + 1]))[0]
+    logits = np.asarray(_fwd(m, np.asarray([seq]), imgs[b:b + 1]))[0]
     np.testing.assert_array_equal(np.argmax(logits[len(p) - 1:], -1), np.asarray(out.tokens[b]))
 
 
@@ -103,7 +109,7 @@ def test_context_positions_get_exactly_zero_gradient_and_the_tower_trains():
   imgs, toks = _images(), _tokens(cfg)
   mask = (toks < V).astype(np.float32)
   mask[:, :3] = 0
-  logits = m(toks, images=imgs)
+  logits = _fwd(m, toks, imgs)
   targets = np.where(toks < V, toks, 0)
   g = jax.grad(lambda lg: sft.sft_loss(lg, targets, mask)[0])(logits)
   assert float(jnp.abs(g)[mask == 0].max()) == 0.0 and float(jnp.abs(g)[mask > 0].max()) > 0
@@ -111,7 +117,7 @@ def test_context_positions_get_exactly_zero_gradient_and_the_tower_trains():
   batch = {"tokens": toks, "positions": np.broadcast_to(np.arange(toks.shape[1]), toks.shape),
            "segment_ids": np.ones_like(toks), "loss_mask": mask, "advantages": np.array([1.0, -1.0], np.float32),
            "images": imgs}
-  grads = nnx.grad(lambda mm: loss_fn(mm, batch, None)[0])(m)
+  grads = nnx.jit(nnx.grad(lambda mm: loss_fn(mm, batch, None)[0]))(m)
   assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(nnx.state(grads.vision, nnx.Param))) > 0
   assert float(jnp.abs(grads.projector.fc1.kernel[...]).max()) > 0
 
@@ -125,7 +131,7 @@ def test_composed_from_local_checkpoints(tmp_path):
   m = VisionLM(cfg, rngs=nnx.Rngs(0), vision=VisionTower.from_pretrained(str(tmp_path / "vis")),
                decoder=hf.from_pretrained(str(tmp_path / "dec")))
   toks = np.arange(1, 11, dtype=np.int32)[None]
-  np.testing.assert_allclose(np.asarray(m(toks)), np.asarray(dec(toks)), atol=1e-5)
+  np.testing.assert_allclose(np.asarray(_plain(m, toks)), np.asarray(_plain(dec, toks)), atol=1e-5)
   imgs = _images(1)
   np.testing.assert_allclose(np.asarray(m.vision(imgs[0])), np.asarray(tower(imgs[0])), atol=1e-5)
 

@@ -78,7 +78,7 @@ def test_table_logits_and_gradients_match_the_explicit_forward():
     logp = jax.nn.log_softmax(logits, -1)
     return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], -1))
 
-  g_ref = jax.grad(explicit_loss)(p)
-  g = jax.grad(ao.next_token_loss)(p, tokens)
+  g_ref = jax.jit(jax.grad(explicit_loss))(p)                 # jitted: one program each, not one per eager op
+  g = jax.jit(jax.grad(ao.next_token_loss))(p, tokens)
   for n in ao.PARAM_NAMES:
     np.testing.assert_allclose(np.asarray(g[n]), np.asarray(g_ref[n]), rtol=1e-4, atol=1e-7, err_msg=n)
