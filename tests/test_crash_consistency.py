@@ -4,6 +4,7 @@ line or a rerun that ends identical to an uninterrupted run (`run_loop` through 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -207,26 +208,23 @@ def test_a_full_disk_is_one_line_and_exit_1(monkeypatch, capsys):
 
 TOY_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "toy", "config.py")
 _FIT_FLAGS = ("--config.train.num_steps=20", "--config.train.log_every=5", "--config.train.eval_every=10",
-              "--config.train.checkpoint_every=10", "--config.train.async_checkpoint=False")   # `_fit`, saving in the foreground
+              "--config.train.checkpoint_every=10")     # the command line of `_fit`
 
 
-def _without_closed_loop_tracebacks(stderr: str) -> str:
-  """stderr without the "Event loop is closed" tracebacks that tensorstore's C++ callbacks print from their own
-  threads when a failed save has closed orbax's event loop (printed past Python's hooks, so the CLI cannot drop
-  them; seen in about one run in three under load). Everything else stays and is checked."""
-  out, block = [], []
-  for line in stderr.splitlines():
-    if line.startswith("Traceback (most recent call last):") or (block and line.startswith(" ")):
-      block.append(line)
-      continue
-    if block and line.strip() == "RuntimeError: Event loop is closed":
-      block = []
-      continue
-    out += block
-    block = []
-    if line.strip() != "Error: Event loop is closed":
-      out.append(line)
-  return "\n".join(out + block)
+def _one_line(stderr: str, pattern: str) -> str:
+  """The CLI's one `error:` line (matched by `pattern`) in `stderr`, checking that nothing else went wrong.
+
+  Known residue, not yet removed: tensorstore's C++ callbacks can print "RuntimeError: Event loop is closed"
+  tracebacks from their own threads when a failed save has closed orbax's event loop (past Python's hooks, and
+  interleaved with other output; about one run in three under load). Those are tolerated; any other traceback
+  (orbax's save threads, ours) fails the test.
+  """
+  assert stderr.count("error: ") == 1, stderr[-3000:]
+  found = re.search(pattern, stderr)
+  assert found, stderr[-3000:]
+  if "Traceback" in stderr:
+    assert "Event loop is closed" in stderr and "orbax" not in stderr and "jaxlab" not in stderr, stderr[-3000:]
+  return found.group(0)
 
 
 def _newest_checkpoint(wd):
@@ -259,11 +257,10 @@ def test_a_full_tmpfs_is_one_line_then_the_rerun_ends_identical(toy, fit_ref, tm
     cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
     env = {**os.environ, "JAXLAB_PROGRESS": "0"}
     full = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    stderr = _without_closed_loop_tracebacks(full.stderr)
-    err = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
-    assert full.returncode == 1 and "Traceback" not in stderr, full.stderr[-2000:]
-    assert len(err) == 1 and err[0].startswith(f"error: no space left on {disk} (") and "MiB free" in err[0]
-    assert err[0].endswith(f"the run resumes {_newest_checkpoint(wd)}"), err[0]
+    assert full.returncode == 1, full.stderr[-2000:]
+    line = _one_line(full.stderr, rf"error: no space left on {re.escape(str(disk))} \([0-9.]+ MiB free of [0-9.]+\)"
+                                  r"[^\n]*the run resumes (from step \d+|from the start \(no checkpoint was written\))")
+    assert line.endswith(f"the run resumes {_newest_checkpoint(wd)}"), line
     assert not os.path.exists(wd / workdir_lib.LOCK)
     os.remove(disk / "filler")
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
@@ -285,11 +282,9 @@ def test_a_read_only_checkpoints_directory_is_one_line_then_the_rerun_ends_ident
     cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
     env = {**os.environ, "JAXLAB_PROGRESS": "0"}
     ro = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    stderr = _without_closed_loop_tracebacks(ro.stderr)
-    err = [ln for ln in stderr.splitlines() if ln.startswith("error:")]
-    assert ro.returncode == 1 and "Traceback" not in stderr, ro.stderr[-2000:]
-    assert len(err) == 1 and "cannot be written (read-only" in err[0], err
-    assert err[0].endswith("the run resumes from the start (no checkpoint was written)"), err[0]
+    assert ro.returncode == 1, ro.stderr[-2000:]
+    _one_line(ro.stderr, r"error: \S+ cannot be written \(read-only[^\n]*the run resumes from the start \(no "
+                         r"checkpoint was written\)")
     assert not os.path.exists(wd / workdir_lib.LOCK)
     subprocess.run(["mount", "-o", "remount,rw", str(wd / "checkpoints")], check=True)
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
