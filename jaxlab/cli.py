@@ -20,7 +20,6 @@ import os
 import shlex
 import signal
 import sys
-import threading
 import warnings
 from typing import Callable, Sequence
 
@@ -81,7 +80,6 @@ def main_wrapper(fn: Callable[[list[str]], int], resume: Callable[[list[str]], l
     logging.getLogger(noisy).setLevel(logging.WARNING)
   for handler in logging.getLogger().handlers:
     handler.addFilter(_not_a_failed_write)
-  sys.excepthook = _without_closed_loop_errors(sys.excepthook)
   argv = sys.argv[1:]
   signal.signal(signal.SIGTERM, _sigterm)
   try:
@@ -137,21 +135,6 @@ def _not_a_failed_write(record: logging.LogRecord) -> bool:
   error = record.exc_info[1] if record.exc_info else None
   text = record.getMessage()
   return not ((error is not None and write_failure(error) is not None) or any(s in text for s in _WRITE_FAILURE_TEXT))
-
-
-def _without_closed_loop_errors(hook):
-  """`hook` (sys.excepthook) without the "Event loop is closed" errors that the storage layer's callbacks print
-  from their own threads once a failed save has closed orbax's event loop; every other error goes to `hook`."""
-  if getattr(hook, "jaxlab_quiet", False):
-    return hook
-
-  def excepthook(kind, value, tb):
-    if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
-      logging.getLogger("jaxlab").debug("after a failed save: %r", value)
-      return
-    hook(kind, value, tb)
-  excepthook.jaxlab_quiet = True
-  return excepthook
 
 
 def _exit_after_a_failed_write(code: int) -> None:
