@@ -233,6 +233,21 @@ def _newest_checkpoint(wd):
   return f"from step {max(steps)}" if steps else "from the start (no checkpoint was written)"
 
 
+def _toy_cli(wd):
+  """`_fit`'s run as a user starts it (`python -m jaxlab.main`), in a subprocess."""
+  cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
+  return subprocess.run(cmd, env={**os.environ, "JAXLAB_PROGRESS": "0"}, capture_output=True, text=True,
+                        timeout=300, check=False)
+
+
+def _rerun_ends_identical(wd, fit_ref):
+  again = _toy_cli(wd)
+  assert again.returncode == 0, again.stderr[-2000:]
+  ref_wd, ref = fit_ref
+  assert _rows(wd) == _rows(ref_wd)
+  assert _strip(metrics.read_json(str(wd / "summary.json"))) == _strip(metrics.jsonable(ref))
+
+
 def _mount_tmpfs(path, size):
   if not sys.platform.startswith("linux") or os.geteuid() != 0:
     pytest.skip("a full-disk test mounts a small tmpfs, which needs root on Linux")
@@ -254,20 +269,14 @@ def test_a_full_tmpfs_is_one_line_then_the_rerun_ends_identical(toy, fit_ref, tm
     with open(disk / "filler", "wb") as f:      # leaves ~260 KiB: the step-10 checkpoint fits, step 20's does not
       f.write(b"\0" * (st.f_bavail * st.f_frsize - 260 * 1024))
     wd = disk / "run"
-    cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
-    env = {**os.environ, "JAXLAB_PROGRESS": "0"}
-    full = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    full = _toy_cli(wd)
     assert full.returncode == 1, full.stderr[-2000:]
     line = _one_line(full.stderr, rf"error: no space left on {re.escape(str(disk))} \([0-9.]+ MiB free of [0-9.]+\)"
                                   r"[^\n]*the run resumes (from step \d+|from the start \(no checkpoint was written\))")
     assert line.endswith(f"the run resumes {_newest_checkpoint(wd)}"), line
     assert not os.path.exists(wd / workdir_lib.LOCK)
     os.remove(disk / "filler")
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert again.returncode == 0, again.stderr[-2000:]
-    ref_wd, ref = fit_ref
-    assert _rows(wd) == _rows(ref_wd)
-    assert _strip(metrics.read_json(str(wd / "summary.json"))) == _strip(metrics.jsonable(ref))
+    _rerun_ends_identical(wd, fit_ref)
   finally:
     subprocess.run(["umount", str(disk)], check=False)
 
@@ -279,18 +288,12 @@ def test_a_read_only_checkpoints_directory_is_one_line_then_the_rerun_ends_ident
   _mount_tmpfs(wd / "checkpoints", "4m")
   try:
     subprocess.run(["mount", "-o", "remount,ro", str(wd / "checkpoints")], check=True)
-    cmd = [sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
-    env = {**os.environ, "JAXLAB_PROGRESS": "0"}
-    ro = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+    ro = _toy_cli(wd)
     assert ro.returncode == 1, ro.stderr[-2000:]
     _one_line(ro.stderr, r"error: \S+ cannot be written \(read-only[^\n]*the run resumes from the start \(no "
                          r"checkpoint was written\)")
     assert not os.path.exists(wd / workdir_lib.LOCK)
     subprocess.run(["mount", "-o", "remount,rw", str(wd / "checkpoints")], check=True)
-    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert again.returncode == 0, again.stderr[-2000:]
-    ref_wd, ref = fit_ref
-    assert _rows(wd) == _rows(ref_wd)
-    assert _strip(metrics.read_json(str(wd / "summary.json"))) == _strip(metrics.jsonable(ref))
+    _rerun_ends_identical(wd, fit_ref)
   finally:
     subprocess.run(["umount", str(wd / "checkpoints")], check=False)
