@@ -52,6 +52,9 @@ import numpy as np
 
 VOLATILE = (r"wall", r"per_sec", r"per_s($|[/_])", r"_s$", r"(^|/)speed", r"(^|/)resumes$", r"(^|[/_])time",
             r"(^|[/_])ms($|[/_])", r"seconds", r"(^|/)date$")   # timings: keys matching any of these
+# Checksums a checkpoint records of its own arrays and of the stage files (`checkpoint.checksums`, run_stages'
+# `stage_checksums`): derived from outputs the fingerprint already holds bit for bit, and newer than some ledgers.
+DERIVED = (r"(^|/)(stage_)?checksums$",)
 SKIP_SUFFIXES = (".png", ".pdf", ".svg", ".gif", ".jpg", ".tmp", ".lock", ".log")
 CHILD_TIMEOUT_S = 1800
 _GIT = threading.Lock()     # git commands of the parent, one at a time
@@ -62,7 +65,7 @@ SCRATCH = "{tmp}"
 
 
 def _volatile(key: str, extra: Sequence[str] = ()) -> bool:
-  return any(re.search(p, key) for p in (*VOLATILE, *extra))
+  return any(re.search(p, key) for p in (*VOLATILE, *DERIVED, *extra))
 
 
 def _clean(obj: Any, extra: Sequence[str], prefix: str = "") -> Any:

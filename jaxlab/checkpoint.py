@@ -6,6 +6,12 @@ state, `train` = step, optimizer state and run key), `<step>/{state,meta}` for a
 `meta` is JSON: the step, the config, and a signature (path, shape, dtype of every leaf) that lets a
 restore fail with a clear message when the checkpoint belongs to another model, before orbax is involved.
 Restores take a target with shardings, so a checkpoint written on one mesh restores onto another.
+
+Integrity: `meta` also holds a checksum of every array (`checksums`: a position-weighted sum of its bits modulo
+2**32, computed on the devices, so it is the same on any mesh), checked after every restore. A checkpoint whose
+files cannot be read or whose arrays do not match is damaged (`DamagedCheckpoint`); `restore_newest` then moves it
+aside (to `<checkpoints>.damaged/<step>`, nothing is deleted), says so in one warning line, and resumes from the
+newest checkpoint that reads back whole. A save that fails for any reason but the disk raises `SaveFailed`.
 """
 
 from __future__ import annotations
@@ -20,10 +26,15 @@ import time
 from typing import Any, Mapping
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
-from jaxlab.errors import CheckpointError
+from jaxlab import faults
+from jaxlab.errors import CheckpointError, DamagedCheckpoint, JaxlabError, SaveFailed
 from jaxlab.state import TrainState
+
+log = logging.getLogger("jaxlab")
 
 
 def to_items(state: Any) -> dict[str, Any]:
@@ -55,6 +66,48 @@ def signature(items: Mapping[str, Any]) -> dict[str, list]:
       key = jax.tree_util.keystr(path, simple=True, separator="/")
       out[f"{name}/{key}"] = [list(leaf.shape), str(leaf.dtype)]
   return out
+
+
+def _words(x: jax.Array) -> jax.Array:
+  """The bits of an array as a flat uint32 vector (PRNG keys by their key data; 8-byte types as two words)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  x = jnp.ravel(x)
+  if x.dtype == jnp.bool_:
+    return x.astype(jnp.uint32)
+  size = jnp.dtype(x.dtype).itemsize
+  info = jnp.finfo if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo
+  if info(x.dtype).bits != 8 * size:   # sub-byte types (int4, float4): every value is exact in float32
+    x, size = x.astype(jnp.float32), 4
+  unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size]
+  return jnp.ravel(jax.lax.bitcast_convert_type(x, unsigned)).astype(jnp.uint32)
+
+
+@jax.jit
+def _sums(leaves: list) -> jax.Array:
+  """uint32[len(leaves)]: sum_i bits_i * (odd weight of position i) mod 2**32 per leaf. Any one flipped bit
+  changes it (an odd multiple of a power of two is not 0 modulo 2**32), and integer sums do not depend on the
+  order of the reduction, so the value does not depend on the mesh."""
+  out = []
+  for x in leaves:
+    w = _words(x)
+    weight = jax.lax.iota(jnp.uint32, w.size) * jnp.uint32(0x9E3779B1) | jnp.uint32(1)
+    out.append(jnp.sum(w * weight, dtype=jnp.uint32))
+  return jnp.stack(out)
+
+
+def checksums(items: Mapping[str, Any]) -> dict[str, int]:
+  """{"item/path/to/leaf": checksum} for every leaf of the items (the keys of `signature`)."""
+  keys, leaves = [], []
+  for name, tree in items.items():
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+      keys.append(f"{name}/{jax.tree_util.keystr(path, simple=True, separator='/')}")
+      leaves.append(leaf)
+  if not leaves:
+    return {}
+  out = _sums(leaves)
+  values = np.asarray(out if out.is_fully_addressable else out.addressable_data(0))
+  return {k: int(v) for k, v in zip(keys, values)}
 
 
 def check_signature(found: Mapping[str, list], expected: Mapping[str, list], where: str) -> None:
@@ -104,10 +157,31 @@ class Checkpointer:
   def save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> None:
     """Saves `state` (any pytree; TrainState is split into model/train items) with JSON `meta`."""
     items = to_items(state)
-    meta = dict(meta or {}, step=int(step), signature=signature(items))
+    meta = dict(meta or {}, step=int(step), signature=signature(items), checksums=checksums(items))
     args = {k: ocp.args.StandardSave(v) for k, v in items.items()}
     args["meta"] = ocp.args.JsonSave(meta)
-    self._mgr.save(int(step), args=ocp.args.Composite(**args), force=force)
+    with self._saving(f"saving checkpoint {os.path.join(self.directory, str(step))}"):
+      faults.boundary("checkpoint")
+      self._mgr.save(int(step), args=ocp.args.Composite(**args), force=force)
+    faults.boundary("checkpoint/done")
+
+  @contextlib.contextmanager
+  def _saving(self, what: str):
+    """Turns any failure of a save (orbax's background threads' too, which surface at the next save, `wait` or
+    `close`) other than a failed write to the disk (the command-line tools' own one line) into `SaveFailed`."""
+    from jaxlab import cli  # pylint: disable=g-import-not-at-top
+    try:
+      yield
+    except (JaxlabError, KeyboardInterrupt):
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      if cli.write_failure(e) is not None:
+        raise
+      steps = [s for s in self._mgr.all_steps() if os.path.isdir(os.path.join(self.directory, str(s)))]
+      resume = f"step {max(steps)}" if steps else "the start"
+      first = (str(e).strip().splitlines() or [""])[0][:200]
+      raise SaveFailed(f"{what} failed ({type(e).__name__}: {first}); rerun the same command: the run resumes "
+                       f"from {resume}") from e
 
   def read_meta(self, step: int) -> dict:
     """The JSON meta of a checkpoint (raises CheckpointError when missing or unreadable)."""
@@ -115,7 +189,7 @@ class Checkpointer:
     try:
       meta = self._mgr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
     except Exception as e:  # orbax raises various types for missing / corrupt files
-      raise CheckpointError(damaged_message(where, e)) from None
+      raise DamagedCheckpoint(damaged_message(where, e)) from None
     if not isinstance(meta, dict) or "signature" not in meta:
       raise CheckpointError(f"checkpoint {where} has no jaxlab meta; it was not written by jaxlab")
     return meta
@@ -150,29 +224,98 @@ class Checkpointer:
         held.keep = True
     except Exception as e:  # orbax / TensorStore raise many types (JSON, DATA_LOSS, OUT_OF_RANGE, ...)
       _silence_abandoned_reads()
-      raise CheckpointError(damaged_message(where, e)) from None
-    return {k: restored[k] for k in wanted}, meta
+      raise DamagedCheckpoint(damaged_message(where, e)) from None
+    restored = {k: restored[k] for k in wanted}
+    expected = meta.get("checksums") or {}     # absent in checkpoints written before checksums were recorded
+    bad = [k for k, v in checksums(restored).items() if k in expected and expected[k] != v]
+    if bad:
+      more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+      raise DamagedCheckpoint(damaged_message(where, None, f"its array '{bad[0]}'{more} does not match the checksum "
+                                                          "recorded when it was saved"))
+    return restored, meta
+
+  def restore_newest(self, target: Any, items: tuple[str, ...] | None = None,
+                     check_meta: Any = None) -> tuple[int, dict, dict] | None:
+    """(step, items, meta) of the newest checkpoint that reads back whole, or None when there is no checkpoint.
+
+    A damaged checkpoint (`DamagedCheckpoint`: files that cannot be read, arrays that do not match their
+    checksums) is passed over for the one before it; once one restores, the damaged newer ones are moved aside
+    to `<checkpoints>.damaged/<step>` (kept for inspection), each with one warning line. When none restores,
+    the newest one's error is raised and nothing is moved.
+
+    Args:
+      target: as in `restore`; None: no arrays (a state-less checkpoint), only the meta is read.
+      items: as in `restore`.
+      check_meta: optional `meta -> None` that raises CheckpointError when the checkpoint belongs to another
+        run (checked before its arrays are read); that error is raised at once.
+    """
+    damaged, first = [], None
+    for step in sorted(self._mgr.all_steps(), reverse=True):
+      try:
+        if target is None:
+          found = ({}, self.read_meta(step))
+          if check_meta is not None:
+            check_meta(found[1])
+        else:
+          if check_meta is not None:
+            check_meta(self.read_meta(step))
+          found = self.restore(step, target, items)
+      except DamagedCheckpoint as e:
+        first = first or e
+        damaged.append((step, e))
+        continue
+      for bad, error in damaged:
+        self._set_aside(bad, error, step)
+      return (step, *found)
+    if first is not None:
+      raise DamagedCheckpoint(str(first).replace(
+          "delete that step folder to resume from the checkpoint before it",
+          "no older checkpoint reads back whole: delete that step folder to start the run over" if len(damaged) == 1
+          else f"neither do the {len(damaged) - 1} older ones: delete {self.directory} to start the run over"))
+    return None
+
+  def _set_aside(self, step: int, error: BaseException, good: int) -> None:
+    """Moves a damaged step folder out of the manager's sight (process 0; every process waits for it)."""
+    from jaxlab import metrics as metrics_lib  # pylint: disable=g-import-not-at-top
+    src = os.path.join(self.directory, str(step))
+    aside = os.path.join(self.directory + ".damaged", str(step))
+    if metrics_lib.is_main_process():
+      if os.path.exists(aside):
+        aside += time.strftime("-%Y%m%dT%H%M%S")
+      os.makedirs(os.path.dirname(aside), exist_ok=True)
+      os.replace(src, aside)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(f"jaxlab_checkpoint_aside_{step}")
+    self._mgr.reload()
+    reason = str(error).split(": ", 1)[-1].split(" (a file in it")[0].split("; delete")[0]
+    log.warning("checkpoint %s is damaged (%s); moved to %s, resuming from step %d, the newest checkpoint that "
+                "reads back whole", src, reason, aside, good)
 
   def wait(self) -> None:
     """Blocks until pending async saves are written."""
-    self._mgr.wait_until_finished()
+    with self._saving(f"saving a checkpoint in {self.directory}"):
+      self._mgr.wait_until_finished()
 
   def close(self) -> None:
     """Waits for pending saves and releases resources."""
-    self._mgr.wait_until_finished()
-    self._mgr.close()
+    with self._saving(f"saving a checkpoint in {self.directory}"):
+      self._mgr.wait_until_finished()
+      self._mgr.close()
 
 
-def damaged_message(where: str, error: BaseException) -> str:
-  """One line for a checkpoint step folder that cannot be read (truncated, zeroed or half-written files)."""
-  text = str(error)
-  item = re.search(r'local file "[^"]*/(\w+)/"', text)
-  array = re.search(r'Error reading "([^"/]+)/', text)
-  what = (f"its '{item.group(1)}' array {array.group(1)!r} cannot be read" if item and array else
-          "its metadata cannot be read" if isinstance(error, ValueError) and "JSON" in type(error).__name__ + text
-          else f"it cannot be read ({type(error).__name__})")
-  return (f"checkpoint {where} is damaged: {what} (a file in it is truncated, zeroed or missing); delete that step "
-          "folder to resume from the checkpoint before it, or use another --workdir")
+def damaged_message(where: str, error: BaseException | None, what: str = "") -> str:
+  """One line for a checkpoint step folder that cannot be read (truncated, zeroed or half-written files) or whose
+  arrays do not match their checksums (`what`)."""
+  if not what:
+    text = str(error)
+    item = re.search(r'local file "[^"]*/(\w+)/"', text)
+    array = re.search(r'Error reading "([^"/]+)/', text)
+    what = (f"its '{item.group(1)}' array {array.group(1)!r} cannot be read" if item and array else
+            "its metadata cannot be read" if isinstance(error, ValueError) and "JSON" in type(error).__name__ + text
+            else f"it cannot be read ({type(error).__name__})")
+  return (f"checkpoint {where} is damaged: {what} (a file in it is truncated, zeroed, changed or missing); delete "
+          "that step folder to resume from the checkpoint before it, or use another --workdir")
 
 
 @contextlib.contextmanager

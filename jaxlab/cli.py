@@ -9,7 +9,8 @@
 * a full disk (ENOSPC anywhere in the exception's chain, orbax's wrapped errors included) prints one line naming
   the file system (its mount point and free space), the file it was writing and the step the rerun resumes from
   (`write_failure_message`; a read-only or unwritable path likewise), and exits with 1 at once
-  (`_exit_after_a_failed_write`).
+  (`_exit_after_a_failed_write`). A checkpoint save that fails for any other reason (`SaveFailed`) is one line
+  and the same immediate exit.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import warnings
 from typing import Callable, Sequence
 
-from jaxlab.errors import ConfigError, Interrupted, JaxlabError, Preempted
+from jaxlab.errors import ConfigError, Interrupted, JaxlabError, Preempted, SaveFailed
 
 
 def split_overrides(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -84,6 +85,9 @@ def main_wrapper(fn: Callable[[list[str]], int], resume: Callable[[list[str]], l
   signal.signal(signal.SIGTERM, _sigterm)
   try:
     code = fn(argv)
+  except SaveFailed as e:   # orbax's save threads may be left running: one line, then end the process at once
+    print("error: " + " ".join(str(e).splitlines()), file=sys.stderr, flush=True)
+    _exit_after_a_failed_write(1)
   except JaxlabError as e:
     print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
     # Reads that a failed checkpoint restore abandoned before they started report themselves as "coroutine ...

@@ -18,6 +18,15 @@ class CheckpointError(JaxlabError, ValueError):
   """A checkpoint is missing, corrupt, or was written by a different model."""
 
 
+class DamagedCheckpoint(CheckpointError):
+  """A checkpoint's files cannot be read, or its arrays do not match the checksums recorded when it was saved."""
+
+
+class SaveFailed(JaxlabError, RuntimeError):
+  """Writing a checkpoint failed for a reason other than the disk (the command-line tools end the process at once:
+  the save's background threads could otherwise keep it from exiting)."""
+
+
 class DataError(JaxlabError, ValueError):
   """Input data has the wrong shape, type or content."""
 

@@ -21,6 +21,8 @@ import flax
 import jax
 import numpy as np
 
+from jaxlab import faults
+
 
 @flax.struct.dataclass
 class Weighted:
@@ -67,9 +69,24 @@ def write_json(path: str, obj: Any) -> None:
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp"
+  faults.boundary(f"json:{os.path.basename(path)}")
   with open(tmp, "w") as f:
     json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
   os.replace(tmp, path)
+  faults.boundary(f"json:{os.path.basename(path)}/done")
+
+
+def write_text(path: str, text: str) -> None:
+  """Writes a text file atomically (temp file + rename) from process 0."""
+  if not is_main_process():
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp"
+  faults.boundary(f"text:{os.path.basename(path)}")
+  with open(tmp, "w") as f:
+    f.write(text)
+  os.replace(tmp, path)
+  faults.boundary(f"text:{os.path.basename(path)}/done")
 
 
 def read_json(path: str) -> Any:
@@ -142,9 +159,11 @@ class MetricWriter:
     if replay is not None:        # rows the checkpoint covers but the file lost: put back in step order
       rows = sorted(rows + [_jsonable(dict(r)) for r in replay(rows)], key=lambda r: r.get("step", 0))
     tmp = self.path + ".tmp"      # the kept rows replace the file whole (a kill here loses none)
+    faults.boundary("metrics:rewrite")
     with open(tmp, "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
     os.replace(tmp, self.path)
+    faults.boundary("metrics:rewrite/done")
     if tensorboard:
       try:
         import tensorboardX  # pylint: disable=g-import-not-at-top
@@ -158,6 +177,7 @@ class MetricWriter:
     if not self.enabled:
       return
     row = {"step": int(step), **_jsonable(dict(metrics))}
+    faults.boundary("metrics:row")
     with open(self.path, "a") as f:   # one write per row: a kill leaves at most a torn last row (see read_metrics)
       f.write(json.dumps(row) + "\n")
     if self._tb is not None:

@@ -14,7 +14,9 @@ Refusals, each one line that names the workdir and the way out:
 * the workdir was started with another config, differing in keys that change the computation (the model, the
   data, the method, the optimizer, the seed, ...). Keys that only change how a run is executed or how long it
   goes on may differ on resume (`RESUMABLE`: the mesh and sharding rules, num_steps, logging / eval /
-  checkpoint cadence, TensorBoard).
+  checkpoint cadence, TensorBoard);
+* the workdir's config.json lacks a key added since its run started: taken with today's value when that equals
+  the value the code used before the key existed (`ADDED`, one info line), refused naming the key otherwise.
 """
 
 from __future__ import annotations
@@ -29,13 +31,30 @@ from typing import Any
 
 import ml_collections
 
-from jaxlab import configs
+from jaxlab import configs, faults
 from jaxlab import metrics as metrics_lib
 from jaxlab.errors import CheckpointError, ConfigError
 
 # Keys that may change between a run and its resumption (they change execution, not the computed results).
 RESUMABLE = ("mesh", "sharding_rules", "tensorboard", "train.num_steps", "train.log_every", "train.eval_every",
              "train.checkpoint_every", "train.keep_checkpoints", "train.async_checkpoint", "train.eval_batch_size")
+
+
+# Keys added to the configs after runs could have started, with the value the code used before each existed (a
+# dotted suffix matches the key in any section). A workdir whose config.json lacks such a key resumes when today's
+# value equals the old one; otherwise the refusal names the key and the value that resumes it.
+ADDED: dict[str, Any] = {
+    "optimizer.nesterov": False,   # before the key, `sgd` with momentum was optax.sgd's default: no Nesterov
+    "optimizer.clip_norm": 0.0,    # before the key, gradients were not clipped
+}
+
+
+def _added_before(key: str) -> tuple[Any] | None:
+  """(the value the code used before `key` existed,) when `ADDED` records it, else None."""
+  for suffix, value in ADDED.items():
+    if key == suffix or key.endswith("." + suffix):
+      return (value,)
+  return None
 
 
 def check(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | None:
@@ -66,8 +85,23 @@ def check(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any] | N
                                         "(the file is rewritten when the run starts)", path)
   changed = changed_keys(old, config.to_dict())
   blocking = [k for k in changed if not any(k == r or k.startswith(r + ".") for r in RESUMABLE)]
+  flat_old, flat_new = configs.flatten(old), configs.flatten(config.to_dict())
+  added = [k for k in blocking if k not in flat_old and k in flat_new]
+  taken = [k for k in added if _added_before(k) is not None and _norm(_added_before(k)[0]) == _norm(flat_new[k])]
+  blocking = [k for k in blocking if k not in taken]
+  for k in (k for k in blocking if k in added):
+    if _added_before(k) is None:
+      raise ConfigError(f"{workdir}'s config.json has no '{k}': the key was added since the run started, and the "
+                        "value the code used before it is not recorded (jaxlab.workdir.ADDED); resume the run with "
+                        "the code that started it, or use another --workdir")
+    before = _added_before(k)[0]
+    raise ConfigError(f"{workdir} was started before '{k}' existed, when the code ran as {k}={before!r}; rerun with "
+                      f"--config.{k}={before!r} to resume it, or use another --workdir")
+  if taken:
+    logging.getLogger("jaxlab").info("%s: %s added since the run started; resuming with the value the code used "
+                                     "before (%s)", workdir, ", ".join(taken),
+                                     ", ".join(f"{k}={flat_new[k]!r}" for k in taken))
   if blocking:
-    flat_old, flat_new = configs.flatten(old), configs.flatten(config.to_dict())
     shown = ", ".join(f"{k}: {_short(flat_old.get(k, '(absent)'))} -> {_short(flat_new.get(k, '(absent)'))}"
                       for k in blocking[:3])
     more = f" (+{len(blocking) - 3} more)" if len(blocking) > 3 else ""
@@ -87,10 +121,7 @@ def claim(config: ml_collections.ConfigDict, workdir: str) -> None:
   os.makedirs(workdir, exist_ok=True)
   lock(workdir)
   metrics_lib.write_json(os.path.join(workdir, "run.json"), {"experiment": configs.experiment_name(config)})
-  tmp = os.path.join(workdir, "config.json.tmp")
-  with open(tmp, "w") as f:
-    f.write(configs.to_json(config))
-  os.replace(tmp, os.path.join(workdir, "config.json"))
+  metrics_lib.write_text(os.path.join(workdir, "config.json"), configs.to_json(config))
 
 
 def changed_keys(old: dict, new: dict) -> list[str]:
@@ -116,6 +147,7 @@ def lock(workdir: str) -> None:
     return
   me = {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid()),
         "since": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+  faults.boundary("lock")
   for _ in range(3):
     try:
       fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

@@ -2,6 +2,7 @@
 line or a rerun that ends identical to an uninterrupted run (`run_loop` through the toy experiment's `fit`, and
 `run_stages`)."""
 
+import importlib.util
 import json
 import os
 import re
@@ -10,13 +11,10 @@ import subprocess
 import sys
 from unittest import mock
 
-import jax
-import jax.numpy as jnp
 import pytest
 
-from jaxlab import configs, metrics, workdir as workdir_lib
+from jaxlab import metrics, workdir as workdir_lib
 from jaxlab.errors import CheckpointError, ConfigError
-from jaxlab.train import run_stages
 
 VOLATILE = ("wall_s", "resumes", "train/steps_per_sec")
 
@@ -35,20 +33,11 @@ def _fit(toy, wd):
   return toy.train_module.train_and_evaluate(c, str(wd))
 
 
-def _stages():
-  def draw(ctx):
-    x = jax.random.normal(ctx.key(), (8,))
-    ctx.state = {"total": ctx.state["total"] + x.sum()}
-    return {"mean": float(x.mean()), "x": x}
-
-  def report(ctx):
-    return {"total": float(ctx.state["total"]), "first": float(ctx.results["draw0"]["x"][0])}
-  return {"draw0": draw, "draw1": draw, "report": report}
-
-
-def _staged(wd):
-  c, _ = configs.variant_config("seed=0")
-  return run_stages(configs.finalize(c), str(wd), _stages(), state={"total": jnp.zeros(())})
+_STAGED_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "staged_run.py")
+_spec = importlib.util.spec_from_file_location("staged_run", _STAGED_RUN)
+staged_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(staged_run)
+_staged = staged_run.staged
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +124,110 @@ def test_a_damaged_config_json_resumes_from_the_checkpoint(toy, fit_ref, tmp_pat
   assert _strip(_fit(toy, wd)) == _strip(ref)
   assert "config.json is damaged" in caplog.text
   json.loads((wd / "config.json").read_text())
+
+
+def _without(wd, key):
+  """Removes a dotted key from the workdir's config.json (a run started before the key existed)."""
+  config = json.loads((wd / "config.json").read_text())
+  *parents, leaf = key.split(".")
+  node = config
+  for p in parents:
+    node = node[p]
+  del node[leaf]
+  (wd / "config.json").write_text(json.dumps(config))
+
+
+def _back_to_step_10(fit_ref, tmp_path):
+  wd = tmp_path / "run"
+  shutil.copytree(fit_ref[0], wd)
+  shutil.rmtree(wd / "checkpoints" / "20")
+  os.remove(wd / "summary.json")
+  return wd
+
+
+def test_a_config_json_without_a_key_added_since_resumes_when_its_old_value_is_todays(toy, fit_ref, tmp_path, caplog):
+  import logging
+  wd = _back_to_step_10(fit_ref, tmp_path)
+  _without(wd, "train.optimizer.nesterov")            # recorded in workdir.ADDED: the old code ran without it
+  with caplog.at_level(logging.INFO, logger="jaxlab"):
+    assert _strip(_fit(toy, wd)) == _strip(fit_ref[1]) and _rows(wd) == _rows(fit_ref[0])
+  assert "train.optimizer.nesterov added since the run started" in caplog.text
+  assert json.loads((wd / "config.json").read_text())["train"]["optimizer"]["nesterov"] is False
+
+
+@pytest.mark.parametrize("key,override,match", [
+    ("train.optimizer.nesterov", {"train.optimizer.nesterov": True},
+     r"started before 'train.optimizer.nesterov' existed, when the code ran as train.optimizer.nesterov=False; "
+     r"rerun with --config.train.optimizer.nesterov=False"),
+    ("train.optimizer.b1", {}, r"config.json has no 'train.optimizer.b1': the key was added since the run started, "
+                               r"and the value the code used before it is not recorded")])
+def test_a_config_json_without_a_key_added_since_is_otherwise_refused_naming_it(toy, fit_ref, tmp_path, key,
+                                                                                override, match):
+  wd = _back_to_step_10(fit_ref, tmp_path)
+  _without(wd, key)
+  before = sorted(os.listdir(wd))
+  c = toy.get_config("tiny", {"train.num_steps": 20, "train.log_every": 5, "train.eval_every": 10,
+                              "train.checkpoint_every": 10, "train.optimizer.momentum": 0.0, **override})
+  with pytest.raises(ConfigError, match=match):
+    toy.train_module.train_and_evaluate(c, str(wd))
+  assert sorted(os.listdir(wd)) == before
+
+
+def _flip_checksum(step_dir):
+  """Changes the checksum a checkpoint recorded for one of its arrays (the arrays no longer match it)."""
+  meta_path = step_dir / "meta" / "metadata"
+  meta = json.loads(meta_path.read_text())
+  key = sorted(meta["checksums"])[0]
+  meta["checksums"][key] ^= 1
+  meta_path.write_text(json.dumps(meta))
+  return key
+
+
+@pytest.mark.parametrize("damage", ["checksum", "zeroed", "flipped"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_one_before_it(toy, fit_ref, tmp_path, caplog, damage):
+  """Checkpoint 20 damaged (its arrays do not match their recorded checksums; an array file zeroed; bytes
+  flipped in the middle of an array file): the run says so in one warning line, moves it to
+  checkpoints.damaged/20, resumes from step 10 and ends identical to an uninterrupted run."""
+  ref_wd, ref = fit_ref
+  wd = tmp_path / "run"
+  shutil.copytree(ref_wd, wd)
+  os.remove(wd / "summary.json")
+  step = wd / "checkpoints" / "20"
+  if damage == "checksum":
+    _flip_checksum(step)
+  else:
+    data = max((p for p in step.glob("*/d/*") if p.is_file()), key=lambda p: p.stat().st_size)
+    raw = bytearray(data.read_bytes())
+    mid = len(raw) // 2
+    raw = bytearray(len(raw)) if damage == "zeroed" else raw[:mid] + bytes(b ^ 0xFF for b in raw[mid:mid + 8]) \
+        + raw[mid + 8:]
+    data.write_bytes(bytes(raw))
+  again = _fit(toy, wd)
+  assert _strip(again) == _strip(ref) and _rows(wd) == _rows(ref_wd)
+  warned = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+  assert len(warned) == 1 and "resuming from step 10" in warned[0] and "\n" not in warned[0], warned
+  assert os.path.isdir(wd / "checkpoints.damaged" / "20")
+
+
+def test_a_damaged_newest_stage_checkpoint_falls_back_and_a_changed_stage_file_is_one_line(staged_ref, tmp_path,
+                                                                                          caplog):
+  ref_wd, ref = staged_ref
+  wd = tmp_path / "run"
+  shutil.copytree(ref_wd, wd)
+  os.remove(wd / "summary.json")
+  _flip_checksum(wd / "checkpoints" / "3")       # the carried state of stage 3: back to stage 2, stage 3 reruns
+  again = _staged(wd)
+  assert _strip(again) == _strip(ref) and _rows(wd) == _rows(ref_wd)
+  assert "resuming from step 2" in caplog.text and os.path.isdir(wd / "checkpoints.damaged" / "3")
+  os.remove(wd / "summary.json")
+  npz = wd / "stages" / "001_draw1.npz"           # a stage file that still loads, with other numbers in it
+  import numpy as np
+  with np.load(npz) as z:
+    arrays = {k: z[k] + 1 for k in z.files}
+  np.savez(npz, **arrays)
+  with pytest.raises(CheckpointError, match=r"001_draw1.npz, the arrays of stage 2 \(draw1\), is damaged \(its bytes "
+                                            r"do not match the checksum recorded in the stage's checkpoint\)"):
+    _staged(wd)
 
 
 def test_a_workdir_in_use_is_refused_and_a_dead_holders_lock_taken_over(toy, fit_ref, tmp_path, caplog):
@@ -297,3 +390,106 @@ def test_a_read_only_checkpoints_directory_is_one_line_then_the_rerun_ends_ident
     _rerun_ends_identical(wd, fit_ref)
   finally:
     subprocess.run(["umount", str(wd / "checkpoints")], check=False)
+
+
+# ----------------------------------------------------------------------------- SIGKILL at every write boundary
+
+
+def _killable(kind, wd, env_extra, cache):
+  """The run `kind` in a subprocess: "fit" is the toy CLI as `_fit` (synchronous checkpoints, the toy's default),
+  "fit_async" the same with asynchronous checkpoints (a kill after `save` returns lands mid-write), "staged" is
+  tests/fixtures/staged_run.py."""
+  env = {**os.environ, "JAXLAB_PROGRESS": "0", "JAXLAB_LOGLEVEL": "WARNING", "JAX_COMPILATION_CACHE_DIR": str(cache),
+         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", **env_extra}
+  cmd = ([sys.executable, "-m", "jaxlab.main", f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS,
+          f"--config.train.async_checkpoint={kind == 'fit_async'}"]
+         if kind.startswith("fit") else [sys.executable, _STAGED_RUN, str(wd)])
+  return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def boundaries(kind, tmp_path):
+  """Every write boundary an uninterrupted run of `kind` passes, in order ("name#n", see jaxlab.faults)."""
+  log = tmp_path / f"{kind}_boundaries.txt"
+  r = _killable(kind, tmp_path / f"{kind}_enumerate", {"JAXLAB_FAULT_LOG": str(log)}, tmp_path / "xla_cache")
+  assert r.returncode == 0, r.stderr[-2000:]
+  return log.read_text().split()
+
+
+def _kill_at(kind, points, rerun, ref, tmp_path):
+  """Kills a run of `kind` at each write boundary in `points`, reruns it in this process and compares its rows
+  and summary with the uninterrupted reference; returns {point: outcome}."""
+  ref_wd, ref_summary = ref
+  outcomes = {}
+  for point in points:
+    wd = tmp_path / re.sub(r"[^A-Za-z0-9]+", "_", point)
+    r = _killable(kind, wd, {"JAXLAB_FAULT": f"{point}=kill"}, tmp_path / "xla_cache")
+    if r.returncode != -9:
+      outcomes[point] = f"not killed there (exit {r.returncode}): {r.stderr.strip()[-300:]}"
+      continue
+    try:
+      again = rerun(wd)
+    except Exception as e:  # pylint: disable=broad-except
+      outcomes[point] = f"rerun failed: {type(e).__name__}: {e}"
+      continue
+    same = _strip(metrics.jsonable(again)) == _strip(metrics.jsonable(ref_summary)) and _rows(wd) == _rows(ref_wd)
+    outcomes[point] = "identical" if same else "rerun differs from the uninterrupted run"
+  return outcomes
+
+
+def _table(outcomes):
+  return "\n".join(f"{p:32s} {o}" for p, o in outcomes.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["fit", "fit_async", "staged"])
+def test_sigkill_at_every_write_boundary_then_the_rerun_ends_identical(toy, fit_ref, staged_ref, tmp_path, kind):
+  """Every write boundary of a tiny run (`run_loop`: lock, run.json, config.json, metrics rewrite and rows,
+  checkpoints, summary) and of a tiny staged run (also each stage's arrays): SIGKILL there, then the rerun's
+  metrics.jsonl and summary equal an uninterrupted run's."""
+  points = boundaries(kind, tmp_path)
+  rerun = (lambda wd: _fit(toy, wd)) if kind.startswith("fit") else _staged
+  outcomes = _kill_at(kind, points, rerun, fit_ref if kind.startswith("fit") else staged_ref, tmp_path)
+  print(_table(outcomes))
+  assert all(o == "identical" for o in outcomes.values()), _table(outcomes)
+
+
+@pytest.mark.parametrize("kind,point", [("fit_async", "checkpoint/done#1"), ("staged", "stage_arrays/done#2")])
+def test_sigkill_at_a_write_boundary_then_the_rerun_ends_identical(toy, fit_ref, staged_ref, tmp_path, kind, point):
+  """Two of the boundaries above in the default run (an asynchronous checkpoint in flight; a stage's arrays
+  written, its checkpoint not): the fault-injection points stay wired."""
+  rerun = (lambda wd: _fit(toy, wd)) if kind.startswith("fit") else _staged
+  outcomes = _kill_at(kind, [point], rerun, fit_ref if kind.startswith("fit") else staged_ref, tmp_path)
+  assert outcomes == {point: "identical"}, _table(outcomes)
+
+
+_FAILING_SAVE_THREAD = """
+import runpy, sys
+import orbax.checkpoint as ocp
+def finalize(self, step):
+    raise ValueError("the storage layer failed in the save thread")
+ocp.CheckpointManager._finalize_checkpoint = finalize
+sys.argv = ["jaxlab.main", *sys.argv[1:]]
+runpy.run_module("jaxlab.main", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("where", ["save call", "save thread"])
+def test_a_save_that_fails_otherwise_than_the_disk_is_one_line_and_no_hang(fit_ref, tmp_path, where):
+  """Any exception in a save (raised in the call, or in orbax's background thread and surfacing at the next
+  wait) ends the process within seconds with one line naming the checkpoint and the step the rerun resumes from
+  (exit 1); the same command then ends identical to an uninterrupted run."""
+  wd = tmp_path / "run"
+  if where == "save call":
+    r = _killable("fit", wd, {"JAXLAB_FAULT": "checkpoint#1=raise"}, tmp_path / "xla_cache")
+    cause = r"RuntimeError: fault injected at write boundary checkpoint#1 \(JAXLAB_FAULT\)"
+  else:
+    cmd = [sys.executable, "-c", _FAILING_SAVE_THREAD, f"--config={TOY_CONFIG}:tiny", f"--workdir={wd}", *_FIT_FLAGS]
+    r = subprocess.run(cmd, env={**os.environ, "JAXLAB_PROGRESS": "0"}, capture_output=True, text=True, timeout=120,
+                       check=False)
+    cause = r"ValueError: the storage layer failed in the save thread"
+  assert r.returncode == 1, r.stderr[-2000:]
+  line = _one_line(r.stderr, r"error: saving (checkpoint|a checkpoint in) \S+ failed \(" + cause + r"\); rerun the "
+                             r"same command: the run resumes from (step \d+|the start)")
+  assert "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert not os.path.exists(wd / workdir_lib.LOCK), line
+  _rerun_ends_identical(wd, fit_ref)

@@ -172,12 +172,22 @@ def test_a_workdir_of_another_experiment_is_refused(toy, tmp_path, reference):
   assert _listing(wd) == before
 
 
-def test_corrupt_checkpoint_is_a_clear_error(toy, tmp_path, reference):
+def test_corrupt_checkpoint_falls_back_and_none_readable_is_a_clear_error(toy, tmp_path, reference, caplog):
   wd = tmp_path / "corrupt"
   shutil.copytree(reference[0], wd)
+  older = sorted(int(d) for d in os.listdir(wd / "checkpoints") if d.isdigit())[:-1]
   shutil.rmtree(wd / "checkpoints" / "40" / "meta")
-  with pytest.raises(CheckpointError, match="checkpoints/40 is damaged.*delete that step folder"):
+  _run(toy, wd, num_steps=50)
+  assert "checkpoints/40 is damaged (" in caplog.text and "checkpoints.damaged/40" in caplog.text
+  assert f"resuming from step {older[-1]}" in caplog.text
+  wd = tmp_path / "all_corrupt"
+  shutil.copytree(reference[0], wd)
+  for d in os.listdir(wd / "checkpoints"):
+    shutil.rmtree(wd / "checkpoints" / d / "meta", ignore_errors=True)
+  with pytest.raises(CheckpointError, match="checkpoints/40 is damaged.*no older checkpoint reads back whole|"
+                                            "checkpoints/40 is damaged.*neither do the"):
     _run(toy, wd, num_steps=50)
+  assert os.path.isdir(wd / "checkpoints" / "40") and not os.path.exists(wd / "checkpoints.damaged")
 
 
 def test_init_from_takes_params_only(toy, tmp_path, reference):

@@ -111,11 +111,12 @@ def run_loop(config: ml_collections.ConfigDict, workdir: str, state: Any, shardi
   ckpt_dir = os.path.join(workdir, "checkpoints")
   ckpt = (ckpt_lib.Checkpointer(ckpt_dir, keep=t.keep_checkpoints, async_save=t.async_checkpoint)
           if os.path.isdir(ckpt_dir) else None)
-  start = ckpt.latest_step() if ckpt is not None else None
+  start = None
   wall_before, resumes = 0.0, 0
   try:
-    if start is not None:
-      items, meta = ckpt.restore(start, target)
+    found = ckpt.restore_newest(target) if ckpt is not None else None   # a damaged newest: the one before it
+    if found is not None:
+      start, items, meta = found
       state = ckpt_lib.from_items(items, state)
       wall_before, resumes = float(meta.get("wall_s", 0.0)), int(meta.get("resumes", 0)) + 1
       log.info("resumed %s from step %d", workdir, start)

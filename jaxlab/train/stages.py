@@ -29,6 +29,7 @@ The run works inside the config's mesh and logical rules (`jaxlab.mesh.use_confi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -42,6 +43,7 @@ import numpy as np
 
 from jaxlab import checkpoint as ckpt_lib
 from jaxlab import configs
+from jaxlab import faults
 from jaxlab import mesh as mesh_lib
 from jaxlab import metrics as metrics_lib
 from jaxlab import progress
@@ -164,18 +166,33 @@ def run_stages(config: ml_collections.ConfigDict, workdir: str, stages: Mapping[
   return summary
 
 
-def stage_arrays(workdir: str, index: int, name: str) -> dict[str, Any]:
-  """The arrays a finished stage returned (nested dicts of numpy arrays; {} when it returned none)."""
+def stage_arrays(workdir: str, index: int, name: str, sha256: str | None = None) -> dict[str, Any]:
+  """The arrays a finished stage returned (nested dicts of numpy arrays; {} when it returned none).
+
+  Args:
+    sha256: the file's digest recorded in the stage's checkpoint (checked when given).
+  """
   path = _npz_path(workdir, index, name)
   if not os.path.exists(path):
     return {}
   try:
+    if sha256 is not None and _sha256(path) != sha256:
+      raise ValueError("its bytes do not match the checksum recorded in the stage's checkpoint")
     with np.load(path, allow_pickle=False) as z:
       return _unflatten({k: z[k] for k in z.files})
   except Exception as e:  # pylint: disable=broad-except  (zip, pickle and JSON key errors of a damaged file)
-    raise CheckpointError(f"{path}, the arrays of stage {index + 1} ({name}), is damaged ({type(e).__name__}); "
+    why = str(e) if str(e).startswith("its bytes") else type(e).__name__
+    raise CheckpointError(f"{path}, the arrays of stage {index + 1} ({name}), is damaged ({why}); "
                           f"delete {os.path.join(workdir, 'checkpoints')} to recompute the stages, or use another "
                           "--workdir") from None
+
+
+def _sha256(path: str) -> str:
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -208,11 +225,14 @@ def _run(config, workdir, stages, names, done, results, state, mesh, ckpt, t_sta
         scalars, arrays = _split(dict(out))
         state = ctx.state
         if arrays and metrics_lib.is_main_process():
-          _save_npz(_npz_path(workdir, index, name), arrays)
+          path = _npz_path(workdir, index, name)
+          _save_npz(path, arrays)
+          clock.array_checksums[os.path.basename(path)] = _sha256(path)
         results[name] = _merge(scalars, jax.tree.map(np.asarray, arrays))
         meta = {"config": config.to_dict(), "stages": names[:index + 1],
                 "results": metrics_lib.jsonable({n: _split(results[n])[0] for n in names[:index + 1]}),
-                "wall_s": clock.wall_before + time.time() - t_start, "resumes": clock.resumes}
+                "wall_s": clock.wall_before + time.time() - t_start, "resumes": clock.resumes,
+                "stage_checksums": dict(clock.array_checksums)}
         ckpt.save(index + 1, state, meta, force=True)
         writer.write(index + 1, {"stage": name, **_flat_numbers(scalars), "wall_s": time.time() - t0})
         bar.update(1)
@@ -246,29 +266,35 @@ def _missing_rows(rows, done, results) -> list[dict]:
 
 def _restore(ckpt, workdir, names, state, shardings):
   """(finished stage names, their results, the carried state) from the newest checkpoint."""
-  step = ckpt.latest_step()
-  if step is None:
+  def same_stages(meta):
+    done = list(meta.get("stages", []))
+    if done != names[:len(done)]:
+      raise CheckpointError(
+          f"{workdir} holds a run whose stages ({', '.join(done[:4])}{', ...' if len(done) > 4 else ''}) are not "
+          f"those of this config ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); use another --workdir")
+
+  target = abstract_with_shardings(shardings, state) if state is not None else None
+  found = ckpt.restore_newest(target, check_meta=same_stages)     # a damaged newest: the one before it
+  if found is None:
     return [], {}, state, _Clock(0.0, 0)
-  meta = ckpt.read_meta(step)
+  _, items, meta = found
   done = list(meta.get("stages", []))
-  if done != names[:len(done)]:
-    raise CheckpointError(
-        f"{workdir} holds a run whose stages ({', '.join(done[:4])}{', ...' if len(done) > 4 else ''}) are not "
-        f"those of this config ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); use another --workdir")
   if state is not None:
-    items, _ = ckpt.restore(step, abstract_with_shardings(shardings, state))
     state = ckpt_lib.from_items(items, state)
   results = {}
+  sums = dict(meta.get("stage_checksums", {}))    # absent in checkpoints written before they were recorded
   for i, name in enumerate(done):
-    results[name] = _merge(meta["results"].get(name, {}), stage_arrays(workdir, i, name))
+    sha = sums.get(os.path.basename(_npz_path(workdir, i, name)))
+    results[name] = _merge(meta["results"].get(name, {}), stage_arrays(workdir, i, name, sha))
   log.info("resumed %s after stage %d (%s)", workdir, len(done), done[-1] if done else "-")
-  return done, results, state, _Clock(float(meta.get("wall_s", 0.0)), int(meta.get("resumes", 0)) + 1)
+  return done, results, state, _Clock(float(meta.get("wall_s", 0.0)), int(meta.get("resumes", 0)) + 1, sums)
 
 
 @dataclasses.dataclass
 class _Clock:
   wall_before: float   # wall time of the earlier sessions of this run
   resumes: int         # how many times the run was resumed
+  array_checksums: dict = dataclasses.field(default_factory=dict)   # stages/*.npz file name -> sha256
 
 
 def _split(out: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -331,8 +357,10 @@ def _save_npz(path: str, arrays: Mapping[str, Any]) -> None:
   flat = {json.dumps([_key_of(p) for p in keys]): np.asarray(v)
           for keys, v in jax.tree_util.tree_flatten_with_path(jax.device_get(dict(arrays)))[0]}
   tmp = path[:-len(".npz")] + ".tmp.npz"
+  faults.boundary("stage_arrays")
   np.savez(tmp, **flat)
   os.replace(tmp, path)
+  faults.boundary("stage_arrays/done")
 
 
 def _key_of(entry) -> str | int:
