@@ -39,20 +39,31 @@ def _mapping_count() -> int:
     return -1
 
 
+# Mappings above which a finished module's compiled code is dropped (a third of Linux's default limit).
+_MAPS_HIGH = int(os.environ.get("JAXLAB_TEST_MAPS_HIGH", "22000"))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _release_compiled_code(request):
-  """Drops jax's compilation caches after every test module.
+  """Drops jax's compilation caches after a test module once the process holds many memory mappings.
 
   Each compiled XLA:CPU executable keeps its own memory mappings for its machine code; one process running
   the whole suite compiles thousands of them and reaches Linux's `vm.max_map_count` (65530 by default),
   after which LLVM's allocations fail inside a compile (a segmentation fault). Freeing the executables of
-  finished modules keeps the count bounded.
+  finished modules when the count passes `_MAPS_HIGH` keeps it bounded; below that the caches are kept, so the
+  next modules reuse what is traced, lowered and compiled already (eager operations, shared library
+  functions). Where the count cannot be read (not Linux), the caches are dropped after every module.
   """
   yield
+  log = os.environ.get("JAXLAB_MAPS_LOG")     # optional: "<module> <mappings before> <after>" per module
+  before = _mapping_count()
+  if 0 <= before < _MAPS_HIGH:
+    if log:
+      with open(log, "a") as f:
+        f.write(f"{request.module.__name__} {before} kept\n")
+    return
   import gc
   import jax
-  log = os.environ.get("JAXLAB_MAPS_LOG")     # optional: "<module> <mappings before> <after>" per module
-  before = _mapping_count() if log else None
   jax.clear_caches()
   gc.collect()
   if log:
@@ -102,8 +113,9 @@ def pytest_configure(config):
   Experiment tests run the same programs several times (end to end, then resumed, interrupted, sharded), each
   time through fresh closures that jax's in-memory cache cannot match; the on-disk cache is keyed by the
   compiled program itself, so the reruns load the executable instead of compiling it (about a quarter of an
-  experiment file's time). Only this process uses it: subprocesses started by tests compile as users do.
-  `JAXLAB_TEST_COMPILE_CACHE=0` turns it off.
+  experiment file's time). The subprocesses that tests start with this environment (the command-line tools,
+  killed and rerun) use it too, through JAX_COMPILATION_CACHE_DIR: the same toy run is started there dozens of
+  times. `JAXLAB_TEST_COMPILE_CACHE=0` turns it off.
   """
   try:
     import jax
@@ -120,6 +132,9 @@ def pytest_configure(config):
   jax.config.update("jax_compilation_cache_dir", folder)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  if os.environ.get("JAXLAB_TEST_SUBPROCESS_CACHE", "1") != "0":
+    os.environ.update(JAX_COMPILATION_CACHE_DIR=folder, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 
 def pytest_unconfigure(config):

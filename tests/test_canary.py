@@ -81,11 +81,12 @@ def test_verify_refuses_bad_input_in_one_line_before_any_work(args, match, tmp_p
 
 # ------------------------------------------------------------------------------------ the mechanism, end to end
 
-# A helper of jaxlab.federated (imported by slot_align only), and tabular Q-learning's step size: robust_q's
-# canary runs it; taskloom and taskloom_agent import jaxlab.rl, whose package imports the tabular code, and never
-# run it.
-MOVED = ("jaxlab/federated/data.py", "jaxlab/federated/partition.py", "def train_test_split(")
-CALLER = ("experiments/slot_align/method.py", "fdata.train_test_split(", "partition.train_test_split(")
+# A helper of jaxlab.dynamics moved to jaxlab.nn.attention_only (both imported by focus_dilution only, whose
+# canary is among the quickest), and tabular Q-learning's step size: robust_q's canary runs it; taskloom and
+# taskloom_agent import jaxlab.rl, whose package imports the tabular code, and never run it.
+MOVED = ("jaxlab/dynamics/instrument.py", "jaxlab/nn/attention_only.py", "def top_share(")
+CALLER = ("experiments/focus_dilution/method.py", "instrument.top_share(", "ao.top_share(")
+MOVER = "focus_dilution"
 Q = "jaxlab/rl/tabular/q_learning.py"
 RESCALED = "    return 1.0 / (1.0 + (1.0 - gamma) * k)\n"
 USERS = ("robust_q", "taskloom", "taskloom_agent")
@@ -133,10 +134,10 @@ def test_a_move_between_modules_restamps_every_ledger_that_imports_it(head_tree,
     f.write(helper + "\n")
   _edit(head_tree, *CALLER)
   affected = sorted(ledger.stale(NAMES, head_tree))
-  assert affected == ["slot_align"]
-  assert canary.verify(affected, str(tmp_path), root=head_tree) == {"slot_align": "verified"}
+  assert affected == [MOVER]
+  assert canary.verify(affected, str(tmp_path), root=head_tree) == {MOVER: "verified"}
   assert not ledger.stale(NAMES, head_tree)
-  rec = ledger.read("slot_align", head_tree)["verified"][-1]
+  rec = ledger.read(MOVER, head_tree)["verified"][-1]
   assert rec["from"] == rec["to"] and rec["dirty"] and len(rec["canary"]) == 64
   _reset(head_tree)
 
