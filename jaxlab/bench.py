@@ -8,7 +8,7 @@ max(flops / peak FLOP/s, bytes / peak bandwidth, transcendentals / peak special-
 come from a table of known accelerators (override with --peak_tflops / --peak_gbps / --peak_tsps; on CPU
 there is no default, so the fraction is left blank). Each row also reports the compiled program's temporary
 memory (XLA's memory analysis: the extra device memory beyond inputs and outputs) and, when the
-benchmark names a baseline impl, the speed-up over it.
+benchmark has several impls, the speed-up over its baseline (the first impl unless it names another).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class Benchmark:
     flops: floating-point operations of one call.
     bytes: bytes that must move to/from memory in one call (the memory-bound roofline).
     transcendentals: special-function evaluations (exp, log, ...) of one call.
-    baseline: impl name the others' speed-up is reported against (optional).
+    baseline: impl name the others' speed-up is reported against (default: the first impl of `setup`).
     shape: text describing the problem size (shown in the report).
     count, unit: items processed per call (e.g. 16384 "tok") for a throughput column (optional).
   """
@@ -159,7 +159,8 @@ def run(names: Sequence[str] = (), iters: int = 20, peak_tflops: float | None = 
                    "tflops": b.flops / t / 1e12, "gbps": b.bytes / t / 1e9, "note": "",
                    "throughput": (b.count / t) if b.count else None, "unit": b.unit,
                    "roofline_fraction": (roof / t) if roof else None, "temp_bytes": temp_bytes(fn, args)})
-    base = next((r["median_s"] for r in case if r["impl"] == b.baseline), None)
+    baseline = b.baseline or (case[0]["impl"] if len(case) > 1 else None)   # default: the first impl listed
+    base = next((r["median_s"] for r in case if r["impl"] == baseline), None)
     for r in case:
       r["speedup_vs_baseline"] = base / r["median_s"] if base and r["median_s"] else None
     rows += case

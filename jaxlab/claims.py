@@ -60,19 +60,28 @@ class Claim:
     return {**out, "measured": value, "passed": passed}
 
 
+def _of_key(key: str, reduce: Callable) -> Callable[[Sequence[Summary]], float]:
+  """`runs -> reduce(summary[key] over runs)`, with `.key` set: its target is a level of that metric, so plots of
+  the metric draw it (`jaxlab.reproduce`)."""
+  def measure(runs):
+    return float(reduce([r[key] for r in runs]))
+  measure.key = key
+  return measure
+
+
 def mean(key: str) -> Callable[[Sequence[Summary]], float]:
   """Mean of `summary[key]` over runs."""
-  return lambda runs: float(np.mean([r[key] for r in runs]))
+  return _of_key(key, np.mean)
 
 
 def minimum(key: str) -> Callable[[Sequence[Summary]], float]:
   """Smallest `summary[key]` over runs."""
-  return lambda runs: float(np.min([r[key] for r in runs]))
+  return _of_key(key, np.min)
 
 
 def maximum(key: str) -> Callable[[Sequence[Summary]], float]:
   """Largest `summary[key]` over runs."""
-  return lambda runs: float(np.max([r[key] for r in runs]))
+  return _of_key(key, np.max)
 
 
 def ratio_of_means(a: str, b: str) -> Callable[[Sequence[Summary]], float]:

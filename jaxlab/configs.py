@@ -420,7 +420,19 @@ def _coerce(text: str, like: Any, key: str):
       return type(like)(value) if isinstance(value, (tuple, list)) else type(like)((value,))
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):
-    raise ConfigError(f"config key {_q(key)} expects {type(like).__name__}, got {text!r}") from None
+    raise ConfigError(f"config key {_q(key)} expects {type(like).__name__}, got {text!r}{_example(like, key)}") \
+        from None
+
+
+def _example(like: Any, key: str) -> str:
+  """"; e.g. --config.KEY=..." written from the key's current value (a tuple or list as Python literal)."""
+  if isinstance(like, (tuple, list, dict)):
+    text = repr(like if len(like) <= 4 else type(like)(list(like)[:4]) if not isinstance(like, dict) else like)
+    return f"; write a Python literal, e.g. --config.{key}=\"{text}\" (its current value)" if len(text) <= 80 else \
+        f"; write a Python {type(like).__name__} literal, e.g. --config.{key}=\"(1, 2)\""
+  if isinstance(like, bool):
+    return f"; e.g. --config.{key}=true"
+  return ""
 
 
 def _q(text: str) -> str:

@@ -1,7 +1,8 @@
 """Claims ledgers: every README number traceable to a commit, a machine and the exact sources that made it.
 
-`python -m jaxlab.reproduce <paper>` (the paper's tiny variant on its own seeds, no overrides) writes
-`experiments/<paper>/claims.json`, committed with the code:
+`python -m jaxlab.reproduce <paper> --ledger` (maintainers, in a source checkout: the paper's tiny variant on its
+own seeds, no overrides) writes `experiments/<paper>/claims.json`, committed with the code; the ledgers also ship
+as package data, so `--table` works from an installed copy:
 
     {"paper", "variant", "seeds", "wall_s", "date",
      "claims": [{"name", "text", "measured", "target", "passed"}, ...],
@@ -194,8 +195,25 @@ def cpu_and_threads() -> tuple[str, int]:
   return cpu, threads
 
 
+def in_checkout(root: str = ROOT) -> bool:
+  """Whether `root` is a source checkout (setup.py beside jaxlab/ and experiments/), not an installed copy."""
+  return all(os.path.exists(os.path.join(root, p)) for p in ("setup.py", "jaxlab", "experiments"))
+
+
 def ledger_path(paper: str, root: str = ROOT) -> str:
+  """`experiments/<paper>/claims.json` of a checkout; in an installed copy, the ledger shipped as package data
+  (`jaxlab/experiments/<paper>/claims.json`)."""
+  if not in_checkout(root) and os.path.isdir(os.path.join(root, "jaxlab", "experiments")):
+    return os.path.join(root, "jaxlab", "experiments", paper, LEDGER)
   return os.path.join(root, "experiments", paper, LEDGER)
+
+
+def require_checkout(what: str, root: str = ROOT) -> None:
+  """Raises ConfigError when `root` is an installed copy: `what` needs the sources of a checkout."""
+  if not in_checkout(root):
+    from jaxlab.errors import ConfigError  # pylint: disable=g-import-not-at-top
+    raise ConfigError(f"{what} needs a source checkout of jaxlab (its experiments/ folder and git history); this "
+                      f"jaxlab is installed in {root}: run it from a clone (git clone ... && pip install -e .)")
 
 
 def write(paper: str, results: Mapping[str, Any], root: str = ROOT) -> str:

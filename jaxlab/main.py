@@ -5,16 +5,58 @@
 
 The overrides are applied before the config is validated (once) and locked (a misspelt `--config.` key is an
 error with a suggestion); it is checked against the devices present, written to DIR/config.json, and passed
-to the experiment's `train_and_evaluate(config, workdir)`; its summary is printed as JSON. Rerunning the same command resumes
-from DIR's newest checkpoint. Multi-host: see `jaxlab.distributed`.
+to the experiment's `train_and_evaluate(config, workdir)`. It prints a short JSON summary: the path of
+DIR/summary.json (which holds everything), the step, and the values the experiment's claims read (scalars; at
+most `SHORT_SUMMARY_KEYS`). Rerunning the same command resumes from DIR's newest checkpoint. Multi-host: see
+`jaxlab.distributed`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from jaxlab import cli, distributed
+
+
+SHORT_SUMMARY_KEYS = 24
+
+
+class _Reads(dict):
+  """A summary that records which keys are read (by a claim's measure)."""
+
+  def __init__(self, data):
+    super().__init__(data)
+    self.read = []
+
+  def __getitem__(self, key):
+    self.read.append(key)
+    return super().__getitem__(key)
+
+  def get(self, key, default=None):
+    self.read.append(key)
+    return super().get(key, default)
+
+
+def short_summary(summary: dict, claims, path: str) -> dict:
+  """{"summary": path, "step": ..., and the scalar values `claims` read from `summary`} (the first
+  `SHORT_SUMMARY_KEYS` scalars when no claim reads any); "more" counts what only summary.json shows."""
+  tracked = _Reads(summary)
+  for c in claims:
+    try:
+      c.check([tracked])
+    except Exception:  # pylint: disable=broad-except  (a claim over seeds may not compute on one run)
+      pass
+  scalar = lambda v: isinstance(v, (int, float, bool)) or (isinstance(v, str) and len(v) <= 80)  # noqa: E731
+  keys = [k for k in dict.fromkeys(tracked.read) if k in summary and scalar(summary[k])]
+  if not keys:
+    keys = [k for k in sorted(summary) if scalar(summary[k])]
+  keys = [k for k in ("step", "stages") if k in summary and k not in keys] + keys
+  out = {"summary": path, **{k: summary[k] for k in keys[:SHORT_SUMMARY_KEYS]}}
+  if len(summary) > len(out) - 1:
+    out["more"] = f"{len(summary) - (len(out) - 1)} further entries in {path}"
+  return out
 
 
 def run(config_spec: str, workdir: str, overrides=(), values=None) -> dict:
@@ -63,7 +105,10 @@ def main(argv: list[str]) -> int:
   workdir_lib.check_output_dir(args.workdir, "--workdir")
   distributed.initialize()
   summary = run(args.config, args.workdir, overrides)
-  print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+  from jaxlab import registry  # pylint: disable=g-import-not-at-top
+  exp = registry.load(args.config.partition(":")[0])
+  short = short_summary(summary, exp.claims, os.path.join(args.workdir, "summary.json"))
+  print(json.dumps(short, indent=2, default=str))
   return 0
 
 

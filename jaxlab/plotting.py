@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import matplotlib
 
@@ -14,7 +14,8 @@ from jaxlab import metrics as metrics_lib  # noqa: E402
 
 
 def plot_curves(workdirs: Sequence[str], keys: Sequence[str], path: str, labels: Sequence[str] | None = None,
-                title: str | None = None, logy: bool = False) -> str | None:
+                title: str | None = None, logy: bool = False,
+                levels: Mapping[str, Sequence[tuple[float, str]]] | None = None) -> str | None:
   """One panel per metric key, one line per run (read from each workdir's metrics.jsonl).
 
   Args:
@@ -24,6 +25,7 @@ def plot_curves(workdirs: Sequence[str], keys: Sequence[str], path: str, labels:
     labels: legend labels (default: workdir basenames).
     title: figure title.
     logy: log-scale y axes.
+    levels: {key: [(value, label), ...]}: dashed horizontal lines on that key's panel (e.g. a claim's target).
 
   Returns:
     The path written, or None when no run logged any of the keys.
@@ -39,12 +41,17 @@ def plot_curves(workdirs: Sequence[str], keys: Sequence[str], path: str, labels:
       pts = [(r["step"], r[key]) for r in run if r.get(key) is not None]
       if pts:
         ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None, label=label)
+    for value, text in (levels or {}).get(key, ()):
+      ax.axhline(value, color="k", ls="--", lw=1, label=text)
     ax.set_xlabel("step")
+    ax.set_ylabel(key)
     ax.set_title(key)
     if logy:
       ax.set_yscale("log")
     ax.grid(alpha=0.3)
-  axes[0][0].legend(fontsize=8)
+  for ax in axes[0]:
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize=8)
   if title:
     fig.suptitle(title)
   return save(fig, os.path.dirname(os.path.abspath(path)), os.path.basename(path))

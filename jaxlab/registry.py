@@ -38,8 +38,9 @@ class Experiment:
 
   @property
   def description(self) -> str:
-    """First line of the config module's docstring."""
-    return (self.config_module.__doc__ or "").strip().splitlines()[0] if self.config_module.__doc__ else ""
+    """The first paragraph of the config module's docstring, on one line (whole sentences, never cut)."""
+    doc = (self.config_module.__doc__ or "").strip()
+    return " ".join(doc.split("\n\n")[0].split())
 
   @property
   def claims(self) -> list:

@@ -34,11 +34,12 @@ DEFAULT_PAPER = "quickstart"
 
 
 def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results/reproduce",
-              resume: bool = False, overrides=(), write_ledger: bool = True) -> dict:
+              resume: bool = False, overrides=(), write_ledger: bool = False) -> dict:
   """Runs one paper over seeds, checks its claims and writes results.json; returns that dict.
 
-  With the declared claims setting (tiny, the paper's SEEDS, no overrides) and `write_ledger`, also writes
-  `experiments/<paper>/claims.json`.
+  With `write_ledger` (maintainers, in a source checkout) and the declared claims setting (tiny, the paper's
+  SEEDS, no overrides), also writes `experiments/<paper>/claims.json`; `main` refuses `--ledger` otherwise before
+  any run starts.
   """
   import jax
   from jaxlab import configs, metrics, plotting, registry
@@ -68,7 +69,8 @@ def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results
   if jax.process_index() == 0:
     labels = [f"seed {s}" for s in seeds]
     p = plotting.plot_curves(workdirs, ("train/loss",) + tuple(_eval_keys(runs)),
-                             os.path.join(base, "curves.png"), labels=labels, title=f"{exp.name} ({variant})")
+                             os.path.join(base, "curves.png"), labels=labels, title=f"{exp.name} ({variant})",
+                             levels=claim_levels(exp.claims))
     plots += [p] if p else []
     for sub in _sub_runs(workdirs):   # the training curves of staged runs' sub-runs (workdir/stages/<name>/)
       p = plotting.plot_curves([os.path.join(w, "stages", sub) for w in workdirs], ("train/loss",),
@@ -86,6 +88,34 @@ def reproduce(paper: str, variant: str = "tiny", seeds=None, out: str = "results
     path = ledger.write(exp.name, results)
     print(f"[{exp.name}] ledger: {os.path.relpath(path)}", file=sys.stderr, flush=True)
   return results
+
+
+def claim_levels(claims) -> dict[str, list[tuple[float, str]]]:
+  """{metric key: [(target, "claim NAME: OP TARGET")]} for the claims whose measure is one metric reduced over
+  seeds (`claims.mean` / `minimum` / `maximum`): the levels the curves must reach."""
+  out: dict[str, list[tuple[float, str]]] = {}
+  for c in claims:
+    key = getattr(c.measure, "key", None)
+    if key is None:
+      continue
+    targets = c.target if c.op == "in" else (c.target,)
+    out.setdefault(key, []).extend((float(t), f"claim {c.name}: {c.target_text()}") for t in targets)
+  return out
+
+
+def _check_ledger_run(papers, variant, seeds, overrides) -> None:
+  """`--ledger` before any run: a source checkout, and the declared claim run of experiments of this repository."""
+  from jaxlab import registry  # pylint: disable=g-import-not-at-top
+  from jaxlab.errors import ConfigError  # pylint: disable=g-import-not-at-top
+  ledger.require_checkout("--ledger")
+  for p in papers:
+    exp = registry.load(p)
+    declared = tuple(getattr(exp.config_module, "SEEDS", (0, 1, 2)))
+    if variant != "tiny" or (seeds is not None and tuple(seeds) != declared) or any(overrides) \
+        or not exp.package.startswith(registry.PACKAGE + "."):
+      raise ConfigError(f"--ledger records the declared claim run only (an experiment of experiments/, variant tiny, "
+                        f"its SEEDS {list(declared)}, no --config overrides); drop --variant/--seeds/--config.* or "
+                        "--ledger")
 
 
 def results_table() -> str:
@@ -178,7 +208,10 @@ def main(argv: list[str]) -> int:
                       "are equal bit for bit, name the first difference of the others")
   parser.add_argument("--jobs", type=int, default=None, help="with --verify: experiments verified at once "
                       "(default: one per CPU core, at most 8)")
-  parser.add_argument("--no_ledger", action="store_true", help="do not write experiments/<paper>/claims.json")
+  parser.add_argument("--ledger", action="store_true", help="maintainers, in a source checkout: also write the "
+                      "ledger experiments/<paper>/claims.json (the declared claim run only: tiny, the paper's SEEDS, "
+                      "no overrides)")
+  parser.add_argument("--no_ledger", action="store_true", help=argparse.SUPPRESS)   # the default now
   args = parser.parse_args(argv)
   from jaxlab import registry
   from jaxlab import workdir as workdir_lib
@@ -190,6 +223,7 @@ def main(argv: list[str]) -> int:
     table = results_table()
     print(table)
     if args.write_readme:
+      ledger.require_checkout("--table --write_readme")
       path = os.path.join(ledger.ROOT, "README.md")
       with open(path) as f:
         text = f.read()
@@ -201,20 +235,23 @@ def main(argv: list[str]) -> int:
         f.write(text.replace(old, table))
     return 0
   if args.stale:
+    ledger.require_checkout("--stale")
     old = ledger.stale(args.papers or registry.names())
     for name, files in old.items():
       print(f"{name:24s} {', '.join(files[:4])}{f' (+{len(files) - 4} more)' if len(files) > 4 else ''}")
     print(f"{len(old)} stale" if old else "every ledger is up to date")
     return 1 if old else 0
   if args.verify:
+    ledger.require_checkout("--verify")
     return _verify(args.papers, args.out or "results/verify", args.jobs)
   args.out = args.out or "results/reproduce"
   seeds = cli.parse_seeds(args.seeds)
   workdir_lib.check_output_dir(args.out, "--out")
-  distributed.initialize()
   papers = registry.names() if args.all else (args.papers or [DEFAULT_PAPER])
-  results = [reproduce(p, args.variant, seeds, args.out, args.resume, overrides, not args.no_ledger)
-             for p in papers]
+  if args.ledger:
+    _check_ledger_run(papers, args.variant, seeds, overrides)
+  distributed.initialize()
+  results = [reproduce(p, args.variant, seeds, args.out, args.resume, overrides, args.ledger) for p in papers]
   print(format_table(results))
   ok = all(c["passed"] for r in results for c in r["claims"])
   print(f"\n{'all claims passed' if ok else 'SOME CLAIMS FAILED'}; results under {args.out}/")

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import socket
+import tempfile
 from typing import Any
 
 import ml_collections
@@ -249,6 +250,12 @@ def _check_path(path: str, flag: str = "--workdir") -> None:
     raise ConfigError(f"{flag} {path}: {probe} is a file, so the directory cannot be created there")
   if not os.access(probe, os.W_OK | os.X_OK):
     raise ConfigError(f"{flag} {path}: {probe} is not writable; choose a directory you can write to")
+  if not os.path.exists(path):   # permissions can say yes where the file system says no (/proc, /sys, a full disk)
+    try:
+      os.rmdir(tempfile.mkdtemp(prefix=".jaxlab_probe_", dir=probe))
+    except OSError as e:
+      raise ConfigError(f"{flag} {path}: a directory cannot be created in {probe} ({e.strerror or e}); choose a "
+                        "directory you can write to") from None
 
 
 def _read(path: str):

@@ -41,3 +41,35 @@ def test_t_bound_is_the_one_sided_student_interval():
     claims.t_bound([1.0])
   with pytest.raises(ValueError, match="'lower' or 'upper'"):
     claims.t_bound(v, side="both")
+
+
+def test_claim_levels_are_drawn_on_the_curves_of_their_metric(tmp_path):
+  """A claim on one metric reduced over seeds gives its target as a dashed level on that metric's panel, with an
+  axis label per panel (reproduce's curves.png)."""
+  import json
+  import os
+  from jaxlab import plotting, reproduce
+  from jaxlab.claims import Claim, mean, minimum, ratio_of_means
+  cs = [Claim("acc", "", minimum("eval/accuracy"), ">=", 0.93), Claim("band", "", mean("train/loss"), "in", (0.1, 0.2)),
+        Claim("ratio", "", ratio_of_means("a", "b"), "<=", 0.7)]
+  assert reproduce.claim_levels(cs) == {"eval/accuracy": [(0.93, "claim acc: >= 0.93")],
+                                        "train/loss": [(0.1, "claim band: in [0.1, 0.2]"),
+                                                       (0.2, "claim band: in [0.1, 0.2]")]}
+  wd = tmp_path / "run"
+  os.makedirs(wd)
+  (wd / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "eval/accuracy": 0.5 + s / 10}) + "\n"
+                                            for s in range(1, 5)))
+  captured = {}
+  real_save = plotting.save
+
+  def save(fig, out_dir, name, dpi=110):
+    ax = fig.axes[0]
+    captured.update(ylabel=ax.get_ylabel(), levels=[ln.get_ydata()[0] for ln in ax.lines if ln.get_linestyle() == "--"])
+    return real_save(fig, out_dir, name, dpi)
+  plotting.save, saved = save, None
+  try:
+    saved = plotting.plot_curves([str(wd)], ["eval/accuracy"], str(tmp_path / "c.png"),
+                                 levels=reproduce.claim_levels(cs))
+  finally:
+    plotting.save = real_save
+  assert saved and captured == {"ylabel": "eval/accuracy", "levels": [0.93]}

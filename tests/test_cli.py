@@ -21,7 +21,7 @@ def test_main_runs_then_resumes(root, tmp_path):
            "--config.train.optimizer.learning_rate", "0.02")
   assert r.returncode == 0, r.stderr[-2000:]
   summary = json.loads(r.stdout)
-  assert summary["step"] == 10 and "eval/accuracy" in summary
+  assert summary["step"] == 10 and "eval/accuracy" in summary and summary["summary"] == str(wd / "summary.json")
   assert json.load(open(wd / "config.json"))["train"]["optimizer"]["learning_rate"] == 0.02
   assert os.path.isdir(wd / "checkpoints" / "10")
   r = _cli(root, "jaxlab.main", "--config", f"{TOY_CONFIG}:tiny", "--workdir", str(wd), "--config.train.num_steps=15",
@@ -166,3 +166,19 @@ def test_main_workdir_that_is_a_file_is_one_line(root, tmp_path):
   (tmp_path / "f").write_text("")
   r = _cli(root, "jaxlab.main", "--config", f"{TOY_CONFIG}:tiny", "--workdir", str(tmp_path / "f"))
   assert r.returncode == 2 and "is a file, not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_main_prints_a_short_summary_and_refuses_an_uncreatable_workdir(root, tmp_path):
+  """The summary printed is the claims' values and the path of summary.json (not the whole file), and a workdir
+  that the file system will not create (/proc) is one line before anything is built."""
+  from jaxlab import main as main_lib
+  from jaxlab.claims import Claim, minimum
+  summary = {"step": 9, "eval/accuracy": 0.9, "train/loss": 0.2, "curve": [1, 2], **{f"x{i}": i for i in range(40)}}
+  short = main_lib.short_summary(summary, [Claim("acc", "", minimum("eval/accuracy"), ">=", 0.5)], "W/summary.json")
+  assert short == {"summary": "W/summary.json", "step": 9, "eval/accuracy": 0.9,
+                   "more": "42 further entries in W/summary.json"}
+  if not os.path.isdir("/proc/self"):
+    pytest.skip("no /proc here")
+  r = _cli(root, "jaxlab.main", "--config", f"{TOY_CONFIG}:tiny", "--workdir", "/proc/jaxlab_x/run")
+  assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
+  assert r.stderr.startswith("error: --workdir /proc/jaxlab_x/run: a directory cannot be created in /proc")

@@ -152,3 +152,12 @@ def test_no_config_carries_unused_or_derived_keys(root):
     text = open(path).read()
     assert not re.search(r"\bunused\b", text), f"{path} mentions an unused key"
     assert "num_stages" not in text, f"{path} derives a step count from its stages"
+
+
+def test_a_value_of_the_wrong_type_names_an_example():
+  from jaxlab import registry
+  with pytest.raises(ConfigError, match=r"expects tuple, got '\[1,'; write a Python literal, e.g. "
+                                        r"--config.model.hidden=\"\(\d+, \d+\)\""):
+    registry.load("quickstart").get_config("tiny", ["model.hidden=[1,"])
+  with pytest.raises(ConfigError, match=r"expects bool, got 'maybe'; e.g. --config.train.async_checkpoint=true"):
+    registry.load("quickstart").get_config("tiny", ["train.async_checkpoint=maybe"])

@@ -54,7 +54,10 @@ def test_experiment_folder_is_complete(name):
     assert os.path.exists(os.path.join(folder, f)), f"experiments/{name} has no {f}"
   exp = registry.load(name)
   assert exp.claims, f"experiments/{name}/config.py declares no CLAIMS"
-  assert exp.description, f"experiments/{name}/config.py needs a module docstring (first line = description)"
+  assert exp.description, f"experiments/{name}/config.py needs a module docstring (first paragraph = description)"
+  assert exp.description.endswith((".", ")")) and "\n" not in exp.description, (
+      f"experiments/{name}: the description (`reproduce --list`) is the docstring's first paragraph, whole "
+      f"sentences: {exp.description[-60:]!r}")
   assert callable(getattr(exp.train_module, "train_and_evaluate", None))
   assert os.path.exists(os.path.join(ROOT, "colab", f"{name}.ipynb")), f"colab/{name}.ipynb is missing"
   assert os.path.exists(os.path.join(ROOT, "tests", "experiments", f"test_{name}.py"))

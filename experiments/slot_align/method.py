@@ -48,7 +48,19 @@ def load_domains(config) -> dict:
                       "<domain>_x (n, d) and <domain>_y (n,) from a frozen encoder (README, 'Full scale')")
   from . import config as config_lib  # pylint: disable=g-import-not-at-top
   names, num_classes = config_lib.DATASETS[d.dataset]
-  feats = fdata.load_feature_npz(d.path, names)
+  try:
+    feats = fdata.load_feature_npz(d.path, names)
+  except DataError as e:
+    if "no array" not in str(e):
+      raise
+    with np.load(d.path) as z:
+      held = set(z.files)
+    fits = [k for k, (doms, _) in config_lib.DATASETS.items() if all(f"{n}_x" in held for n in doms)]
+    known = ", ".join(f"{k}: {v[0]}" for k, v in config_lib.DATASETS.items())
+    hint = (f"the file holds the domains of --config.data.dataset={fits[0]}" if fits else
+            f"name its arrays after one dataset's domains ({known}) or add yours to DATASETS in "
+            "experiments/slot_align/config.py")
+    raise DataError(f"{e}; config.data.dataset={d.dataset!r} reads the domains {list(names)}: {hint}") from None
   rng = np.random.default_rng([config.seed, 7])
   tr, te = [], []
   for name in names:

@@ -116,3 +116,19 @@ def test_variants_build_and_full_reads_feature_files(tmp_path):
   c = exp.get_config("full", {"data.path": path})
   data = method.load_domains(c)
   assert data["train_x"].shape == (4, 14, 6) and data["test_x"].shape == (4, 6, 6)
+
+
+def test_a_feature_file_of_other_domains_names_the_dataset_to_set(tmp_path):
+  from jaxlab.experiments.slot_align import method
+  exp = registry.load("slot_align")
+  rng = np.random.default_rng(0)
+  arrays = {}
+  for dom in exp.config_module.DATASETS["digits"][0]:
+    arrays[f"{dom}_x"], arrays[f"{dom}_y"] = rng.normal(size=(10, 4)).astype(np.float32), rng.integers(0, 10, 10)
+  np.savez(tmp_path / "digits.npz", **arrays)
+  with pytest.raises(DataError, match=r"no array 'Art_x'.*config.data.dataset='office_home' reads the domains "
+                                      r".*the file holds the domains of --config.data.dataset=digits"):
+    method.load_domains(exp.get_config("full", {"data.path": str(tmp_path / "digits.npz")}))
+  np.savez(tmp_path / "mine.npz", a_x=arrays["mnist_x"], a_y=arrays["mnist_y"])
+  with pytest.raises(DataError, match=r"name its arrays after one dataset's domains .* or add yours to DATASETS"):
+    method.load_domains(exp.get_config("full", {"data.path": str(tmp_path / "mine.npz")}))
