@@ -86,6 +86,14 @@ def check_pool_sizes(config, lengths, ids) -> None:
     raise DataError(f"{d.pool_file}: the smallest pool (question {q!r}) holds {smallest} usable answers{cut} but "
                     f"config.{key} asks for {need} per question; lower config.{key} to <= {smallest} "
                     "(and the other budgets with it) or use pools with more answers")
+  o = config.online
+  usable = int(np.sum(lengths >= o.k0))
+  if o.enabled and usable <= o.train_size:   # checked here, before the offline stages run and write the workdir
+    fix = (f"--config.online.train_size={usable // 2} (half of them calibrate, half test)" if usable >= 2 else
+           f"pools with at least online.k0={o.k0} answers")
+    raise DataError(f"{config.data.pool_file}: {usable} questions have >= online.k0={o.k0} answers, but the online "
+                    f"stage calibrates on online.train_size={o.train_size} of them and needs more to test on; set "
+                    f"{fix}, or --config.online.enabled=false to run the offline stages only")
 
 
 def pad_questions(data: dict, multiple: int) -> dict:
@@ -133,9 +141,9 @@ def online_metrics(config, data: dict) -> dict:
   ans, lengths, labels, gold = data["answers"], data["lengths"], data["labels"], data["gold"]
   conf = data["conf"] if config.method.weighted else None
   usable = lengths >= o.k0
-  if usable.sum() <= o.train_size:
+  if usable.sum() <= o.train_size:   # simulated pools (a pool file is checked in `check_pool_sizes`)
     raise DataError(f"online: {int(usable.sum())} questions have >= online.k0={o.k0} answers; need more than "
-                    f"online.train_size={o.train_size}")
+                    f"online.train_size={o.train_size}: lower --config.online.train_size")
   idx = np.flatnonzero(usable)
   tr, te = idx[:o.train_size], idx[o.train_size:]
   model = online.calibrate(ans[tr], lengths[tr], labels[tr], m, k0=o.k0, k_min=o.k_min_curve, k_max=o.k_max_curve,

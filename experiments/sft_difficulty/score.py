@@ -2,16 +2,21 @@
 
     python -m jaxlab.experiments.sft_difficulty.score --data FILE.jsonl --model DIR --out FILE.jsonl \
         [--scores loss,perplexity,length[,pass_rate][,field:NAME]] [--tokenizer DIR|FILE|byte] \
-        [--field_prefix difficulty_] [--buckets 3] [--k 8] [--temperature 1.0] [--top_p 1.0] \
+        [--field_prefix difficulty_] [--buckets 3] [--ties order|group] [--k 8] [--temperature 1.0] [--top_p 1.0] \
         [--max_new_tokens 64] [--answer_field answer] [--answer_format tagged|answer_only|raw] [--batch 16] \
         [--chunk 256] [--seq_len N] [--dtype float32] [--seed 0] [--overwrite]
 
 FILE.jsonl holds SFT records as `jaxlab.lm.sft_data.read_jsonl` reads them (`{"prompt", "completion"}` or
 `{"messages": [...]}`). DIR is a local Hugging Face checkpoint (config.json + *.safetensors, read with
-`jaxlab.lm.from_pretrained`; nothing is downloaded); the tokenizer is DIR's tokenizer.json unless `--tokenizer`
-names another file / folder or "byte" (`jaxlab.lm.tokenizer.load_tokenizer`). The output holds every input
+`jaxlab.lm.from_pretrained`; nothing is downloaded) or the directory of a finished jaxlab run (e.g. of lm_sft:
+its newest checkpoint, through its experiment's `load_trained`, with the run's own tokenizer; `--dtype` is the
+run's); the tokenizer is DIR's tokenizer.json unless `--tokenizer` names another file / folder or "byte"
+(`jaxlab.lm.tokenizer.load_tokenizer`). The output holds every input
 record unchanged (same fields, same order) plus one field per score, `<prefix><score>` (e.g. `difficulty_loss`),
 and `<prefix>bucket`, the quantile bucket of the first score (0 = easiest .. buckets - 1; `--buckets 0`: none).
+Tied scores (common for pass_rate with a small `--k`): `--ties order` (default) ranks them by their position in
+the file, so buckets keep equal sizes and a tie can span two buckets; `--ties group` keeps every tie in one
+bucket, so bucket sizes may differ (`jaxlab.selection.difficulty.quantile_buckets`).
 Scores (`jaxlab.selection.difficulty`):
 
 * loss: mean NLL of the completion tokens given the prompt (the example's SFT loss); perplexity: exp(loss);
@@ -72,6 +77,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                  help="comma-separated: loss, perplexity, length, pass_rate, field:NAME (the first one is bucketed)")
   p.add_argument("--field_prefix", default="difficulty_", help="prefix of the written fields")
   p.add_argument("--buckets", type=int, default=3, help="quantile buckets of the first score (0: no bucket field)")
+  p.add_argument("--ties", choices=("order", "group"), default="order", help="tied scores: ranked by file order "
+                 "(equal bucket sizes; default) or kept in one bucket (sizes may differ)")
   p.add_argument("--k", type=int, default=8, help="pass_rate: samples per prompt")
   p.add_argument("--temperature", type=float, default=1.0, help="pass_rate: sampling temperature (0: greedy)")
   p.add_argument("--top_p", type=float, default=1.0, help="pass_rate: nucleus threshold")
@@ -162,19 +169,27 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
       "data": os.path.abspath(args.data), "data_sha256": file_sha256(args.data),
       "scores": list(args.score_names), "chunk": args.chunk,
   }
+  run = _is_run(args.model) if any(x in MODEL_SCORES for x in args.score_names) else False
   if any(x in MODEL_SCORES or x == "length" for x in args.score_names):
     spec = args.model if args.tokenizer is None else args.tokenizer
-    if spec == "byte" or spec.startswith("byte:"):
+    if run and args.tokenizer is None:
+      s["tokenizer"] = "the run's (its config.json)"
+    elif spec == "byte" or spec.startswith("byte:"):
       s["tokenizer"] = spec
     else:
       file = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
       s.update(tokenizer=os.path.abspath(file), tokenizer_sha256=file_sha256(file))
   if any(x in MODEL_SCORES for x in args.score_names):
-    weights = sorted(n for n in os.listdir(args.model) if n.endswith(".safetensors"))
+    if run:
+      steps = os.listdir(os.path.join(args.model, "checkpoints")) if os.path.isdir(
+          os.path.join(args.model, "checkpoints")) else []
+      weights = {"checkpoint_step": max((int(d) for d in steps if d.isdigit()), default=None)}
+    else:
+      files = sorted(n for n in os.listdir(args.model) if n.endswith(".safetensors"))
+      weights = {n: os.path.getsize(os.path.join(args.model, n)) for n in files}
     s.update(model=os.path.abspath(args.model), model_config_sha256=file_sha256(os.path.join(args.model,
                                                                                              "config.json")),
-             model_weights={n: os.path.getsize(os.path.join(args.model, n)) for n in weights},
-             dtype=args.dtype, batch=args.batch)
+             model_weights=weights, dtype=args.dtype, batch=args.batch)
   if "loss" in args.score_names or "perplexity" in args.score_names:
     s["seq_len"] = args.seq_len
   if "pass_rate" in args.score_names:
@@ -314,6 +329,12 @@ def _check_inputs(args, items, tokenizer, max_position: int | None) -> None:
     raise ConfigError(f"--buckets {args.buckets} is more than the {len(items)} records; use at most {len(items)}")
 
 
+def _is_run(path: str) -> bool:
+  """Whether `path` is a jaxlab run directory (run.json beside a jaxlab config.json), not a HF checkpoint."""
+  from jaxlab.llm import local  # pylint: disable=g-import-not-at-top
+  return os.path.isfile(os.path.join(path, "run.json")) and not local.is_hf_checkpoint(path)
+
+
 def _load_tokenizer(args):
   from jaxlab.lm.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
   spec = args.tokenizer if args.tokenizer is not None else args.model
@@ -336,7 +357,8 @@ def finish(args: argparse.Namespace, items: list[tuple[int, dict[str, Any]]], ro
     if ok.size < args.buckets:
       raise DataError(f"only {ok.size} records have a {first} score, too few for --buckets {args.buckets}; rerun "
                       "with fewer buckets (the scores are kept in the partial file)")
-    got = difficulty.quantile_buckets(values[ok], args.buckets, higher_is_harder=higher_is_harder(first))
+    got = difficulty.quantile_buckets(values[ok], args.buckets, higher_is_harder=higher_is_harder(first),
+                                      ties=args.ties)
     for i, b in zip(ok, got):
       bucket[i] = int(b)
   folder = os.path.dirname(os.path.abspath(args.out))
@@ -376,11 +398,16 @@ def run(args: argparse.Namespace, *, max_chunks: int | None = None) -> int:
   items = read_records(args.data)
   need_model = any(s in MODEL_SCORES for s in args.score_names)
   need_tokenizer = need_model or "length" in args.score_names
-  model_config = None
-  if need_model:
+  model_config = model = run_tokenizer = None
+  if need_model and _is_run(args.model):   # a jaxlab run directory: its experiment's load_trained
+    from jaxlab.llm import local  # pylint: disable=g-import-not-at-top
+    model, run_tokenizer = local.load_run(args.model)
+    model_config = model.config
+  elif need_model:
     from jaxlab.lm import hf  # pylint: disable=g-import-not-at-top
     model_config = hf.config_from_hf(args.model)                  # CheckpointError without config.json
-  tokenizer = _load_tokenizer(args) if need_tokenizer else None
+  tokenizer = (run_tokenizer if run_tokenizer is not None and args.tokenizer is None else
+               _load_tokenizer(args) if need_tokenizer else None)
   if model_config is not None:
     from jaxlab.lm.tokenizer import check_fits  # pylint: disable=g-import-not-at-top
     check_fits(tokenizer, model_config.vocab_size, f"the checkpoint {args.model}")
@@ -389,15 +416,16 @@ def run(args: argparse.Namespace, *, max_chunks: int | None = None) -> int:
   partial = args.out + ".partial"
   header = {HEADER_KEY: VERSION, "settings": settings(args)}
   rows, f = open_partial(partial, header, [no for no, _ in items], args.chunk)
-  model = key = None
+  key = None
   total = len(items)
   done = len(rows)
   bar = progress.bar(total, initial=done, desc="scoring")
   try:
     if done < total and need_model:
       import jax  # pylint: disable=g-import-not-at-top
-      from jaxlab.lm import from_pretrained  # pylint: disable=g-import-not-at-top
-      model = from_pretrained(args.model, dtype=args.dtype)
+      if model is None:
+        from jaxlab.lm import from_pretrained  # pylint: disable=g-import-not-at-top
+        model = from_pretrained(args.model, dtype=args.dtype)
       key = jax.random.key(args.seed)
     written = 0
     while done < total:

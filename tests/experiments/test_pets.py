@@ -165,6 +165,20 @@ def test_pools_smaller_than_the_budget_are_a_clear_error(tmp_path, overrides, ke
   assert not (tmp_path / "run").exists()                   # refused before anything was written
 
 
+def test_too_few_questions_for_the_online_stage_is_refused_before_any_stage(tmp_path):
+  """Fewer usable questions than the online calibration takes: one line naming the key and a value that works,
+  before the offline stages run (the workdir is not created)."""
+  path = _pool_file(tmp_path / "few.jsonl", [16] * 8)
+  with pytest.raises(DataError, match=r"few.jsonl: 8 questions have >= online.k0=\d+ answers, but the online stage "
+                                      r"calibrates on online.train_size=\d+ of them and needs more to test on; set "
+                                      r"--config.online.train_size=4 \(half of them calibrate, half test\), or "
+                                      r"--config.online.enabled=false"):
+    _run(tmp_path / "run", {**SHORT, "data.pool_file": path, "online.train_size": 30})
+  assert not (tmp_path / "run").exists()
+  s = _run(tmp_path / "run", {**SHORT, "data.pool_file": path, "online.train_size": 4})
+  assert s["online/test_questions"] == 4
+
+
 def test_simulated_pools_smaller_than_the_budget_are_a_clear_error():
   exp = registry.load("pets")
   for overrides, key in (({"method.budgets": (2, 128)}, "method.budgets"),

@@ -195,3 +195,36 @@ def test_module_entry_point_bad_json_line(ckpt, tmp_path, root):
   assert r.returncode == 2 and len(lines) == 1, r.stderr[-2000:]
   assert lines[0].startswith(f"error: {data}:3:") and "not valid JSON" in lines[0]
   assert not os.path.exists(tmp_path / "o.jsonl") and not os.path.exists(tmp_path / "o.jsonl.partial")
+
+
+def test_a_jaxlab_run_directory_scores_as_its_exported_checkpoint(data, tmp_path):
+  """--model may be a finished jaxlab run (lm_sft here, byte tokenizer): the scores equal those of the same model
+  exported as a Hugging Face checkpoint."""
+  from jaxlab import registry
+  from jaxlab.llm import local
+  exp = registry.load("lm_sft")
+  run = tmp_path / "run"
+  over = dict(exp.config_module.CANARY, **{"train.num_steps": 2, "train.eval_every": 0, "train.checkpoint_every": 0,
+                                           "generate.examples": 0})
+  exp.train_module.train_and_evaluate(exp.get_config("tiny", over), str(run))
+  model, tok = local.load_run(str(run))
+  assert isinstance(tok, ByteTokenizer)
+  save_pretrained(model, str(tmp_path / "hf"))
+  args = ("--scores", "loss,length", "--buckets", "0")
+  assert score.main(["--data", data, "--model", str(run), "--out", str(tmp_path / "a.jsonl"), *args]) == 0
+  assert score.main(_argv(data, str(tmp_path / "hf"), tmp_path / "b.jsonl", *args)) == 0
+  assert _read(tmp_path / "a.jsonl") == _read(tmp_path / "b.jsonl")
+
+
+def test_ties_split_by_file_order_or_kept_in_one_bucket(tmp_path, ckpt):
+  path = tmp_path / "tied.jsonl"
+  path.write_text("".join(json.dumps({"prompt": f"q{i}: ", "completion": "x", "level": lv}) + "\n"
+                          for i, lv in enumerate([0, 0, 0, 0, 1, 2])))
+  buckets = {}
+  for ties in ("order", "group"):
+    out = tmp_path / f"{ties}.jsonl"
+    assert score.main(["--data", str(path), "--model", ckpt, "--out", str(out), "--scores", "field:level",
+                       "--buckets", "3", "--ties", ties]) == 0
+    buckets[ties] = [r["difficulty_bucket"] for r in _read(out)]
+  assert buckets["order"] == [0, 0, 1, 1, 2, 2]          # equal sizes: the tie at level 0 spans two buckets
+  assert len(set(buckets["group"][:4])) == 1              # one bucket for the whole tie
