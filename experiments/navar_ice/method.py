@@ -66,8 +66,28 @@ def edge_report(variables, score_m, grid, pd, low, high, disp, labels, inds, max
         "label": labels[i][j], "indicators": inds[i][j], "dispersion": float(disp[i, j]),
         "grid": grid[i].tolist(), "pd": pd[i, j].tolist(),
         "band_low": low[i, j].tolist() if low is not None else None,
-        "band_high": high[i, j].tolist() if high is not None else None})
+        "band_high": high[i, j].tolist() if high is not None else None,
+        "null_in_band": null_in_band(low, high, i, j)})
   return out
+
+
+def null_in_band(low, high, i: int, j: int) -> bool | None:
+  """Whether "no effect" (the flat, centred curve 0) lies inside edge i -> j's band over retrainings at every grid
+  point, i.e. the ensemble cannot tell the edge from no effect (None without a band)."""
+  if low is None or high is None:
+    return None
+  return bool(np.all((low[i, j] <= 0) & (high[i, j] >= 0)))
+
+
+def fit_quality(windows, val_mse: float | None) -> dict:
+  """The validation MSE against the mean predictor (each target's mean over the training windows), and R^2 = 1 -
+  MSE / MSE(mean). Without validation windows: {}."""
+  val = np.asarray(windows.val, bool)
+  if val_mse is None or not val.any() or val.all():
+    return {}
+  y = np.asarray(windows.y, np.float64)
+  of_mean = float(np.mean((y[val] - y[~val].mean(axis=0)) ** 2))
+  return {"eval/val_mse_of_mean": of_mean, "eval/val_r2": 1.0 - float(val_mse) / max(of_mean, 1e-30)}
 
 
 def true_curve(edge, grid_v: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.ndarray:

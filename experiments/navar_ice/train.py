@@ -26,6 +26,7 @@ host-side work on the trained parameters. summary.json is written once, after th
 from __future__ import annotations
 
 import functools
+import logging
 import os
 
 import jax
@@ -111,10 +112,25 @@ def train_stage(ctx, systems: list[dict], tx) -> dict:
   return out
 
 
+# Below this validation R^2 (the model explains under a tenth of the variance the mean leaves), the run warns that
+# its edges and curves say little.
+MIN_VAL_R2 = 0.1
+
+
 def evaluate_stage(ctx, system: dict) -> dict:
   """Evaluates one system on the parameters the train stage returned."""
   params = ctx.results["train"]["params"][system["name"]]
-  return evaluate_system(ctx.config, system, {"params": params}, ctx.workdir)
+  out = evaluate_system(ctx.config, system, {"params": params}, ctx.workdir)
+  if system["name"] == "main":
+    fit = method.fit_quality(system["windows"], ctx.results["train"].get("eval/val_mse"))
+    out.update(fit)
+    if fit and fit["eval/val_r2"] < MIN_VAL_R2:
+      logging.getLogger("jaxlab").warning(
+          "navar_ice: the model's validation MSE %.3g is no better than predicting each variable's mean (%.3g; R^2 "
+          "%.2f < %.1f), so its edges and curves say little; try other --config.data.lags, more data or more "
+          "--config.method.steps", ctx.results["train"]["eval/val_mse"], fit["eval/val_mse_of_mean"],
+          fit["eval/val_r2"], MIN_VAL_R2)
+  return out
 
 
 def plots_stage(ctx) -> dict:
@@ -238,7 +254,12 @@ def _curve_figure(plt, z, edges, path, title):
     ax.plot(g, pd - pd[ref], color="tab:blue", lw=2, label="PD")
     if z["band_low"].size:
       ax.fill_between(g, z["band_low"][i, j], z["band_high"][i, j], color="tab:blue", alpha=0.2, label="band")
-    ax.set_title(f"{variables[i]} -> {variables[j]}: {labels[i][j]}\nscore {z['scores'][0][i, j]:.3f}", fontsize=8)
+    null = z["band_low"].size and method.null_in_band(z["band_low"], z["band_high"], i, j)
+    ax.set_title(f"{variables[i]} -> {variables[j]}: {labels[i][j]}\nscore {z['scores'][0][i, j]:.3f}"
+                 + ("  (band holds 0: not told from no effect)" if null else ""), fontsize=8,
+                 color="0.45" if null else "black")
+    if null:
+      ax.set_facecolor("0.94")
     ax.grid(alpha=0.3)
   for ax in axes.ravel()[len(edges):]:
     ax.axis("off")

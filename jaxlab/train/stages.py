@@ -137,8 +137,8 @@ def run_stages(config: ml_collections.ConfigDict, workdir: str, stages: Mapping[
       if os.path.isdir(ckpt_dir):
         ckpt = ckpt_lib.Checkpointer(ckpt_dir, keep=2, async_save=False)
         done, results, state, clock = _restore(ckpt, workdir, names, state, shardings)
-      else:
-        done, results, clock = [], {}, _Clock(0.0, 0)
+      else:   # no stage finished yet; a config.json says an earlier session started (its stages may have resumed)
+        done, results, clock = [], {}, _Clock(0.0, int(os.path.exists(os.path.join(workdir, "config.json"))))
       if len(done) == len(names):
         finished = metrics_lib.read_json_or_none(summary_path, "it is written anew from the stages' records")
         if finished is not None:
@@ -245,8 +245,12 @@ def _run(config, workdir, stages, names, done, results, state, mesh, ckpt, t_sta
   except KeyboardInterrupt as e:   # Ctrl-C inside a stage: that stage is dropped, the finished ones are kept
     if not isinstance(e, Interrupted):
       e = Interrupted(f"Ctrl-C in stage {index + 1} ({names[index]})")
-    elif e.workdir != workdir:     # raised by a stage's own sub-run (which saved its step)
+    elif e.workdir != workdir:     # raised by a stage's own sub-run (which saved its step): say what it saved
+      sub = (f"{e.checkpoint} of stage {index + 1}'s run {os.path.relpath(e.workdir, workdir)}"
+             if e.workdir is not None and e.checkpoint is not None else None)
       e = type(e)(f"{e} in stage {index + 1} ({names[index]})", signum=e.signum)
+      if sub is not None:
+        e.workdir, e.step, e.checkpoint = workdir, index, sub
     if e.workdir is None:
       e.workdir, e.step, e.checkpoint = workdir, index, ckpt.latest_step()
     raise e from None
@@ -276,7 +280,7 @@ def _restore(ckpt, workdir, names, state, shardings):
   target = abstract_with_shardings(shardings, state) if state is not None else None
   found = ckpt.restore_newest(target, check_meta=same_stages)     # a damaged newest: the one before it
   if found is None:
-    return [], {}, state, _Clock(0.0, 0)
+    return [], {}, state, _Clock(0.0, int(os.path.exists(os.path.join(workdir, "config.json"))))
   _, items, meta = found
   done = list(meta.get("stages", []))
   if state is not None:

@@ -70,13 +70,18 @@ def test_sigterm_inside_the_training_loop_resumes_it(tmp_path, reference):
   wd = tmp_path / "run"
   # SIGTERM once the training loop logged its first chunk.
   with sigterm_on_write(lambda _, step, values: "stage" not in values and step == 1):
-    with pytest.raises(Preempted, match="in stage 1 \\(train\\)"):
+    with pytest.raises(Preempted, match="in stage 1 \\(train\\)") as stopped:
       _train(NAME, wd, FOUR)
   assert not os.path.exists(wd / "summary.json")
   assert sorted(os.listdir(wd / "stages" / "train" / "checkpoints")) == ["1"]
+  # The one line names what the stage's own run saved (not "nothing saved yet").
+  from jaxlab import cli
+  line = cli.interrupt_message(stopped.value, "CMD")
+  assert "checkpoint of step 1 of stage 1's run stages/train saved" in line and "nothing saved" not in line, line
   final = _train(NAME, wd, FOUR)
   assert _strip(final) == _strip(reference[1])
   assert metrics.read_json(str(wd / "stages" / "train" / "summary.json"))["resumes"] == 1   # the loop resumed
+  assert final["resumes"] == 1                                       # and the run as a whole says so too
   assert [r["step"] for r in metrics.read_metrics(str(wd / "stages" / "train"))] == [1, 2]
 
 
@@ -113,6 +118,25 @@ def test_csv_panel_input(tmp_path):
   assert "eval/val_mse" in s and s["stages"] == ["train", "evaluate/main"]
   saved = json.load(open(tmp_path / "run" / "summary.json"))
   assert saved["edges"][0]["source"] in s["variables"]
+
+
+def test_a_model_no_better_than_the_mean_warns_and_null_edges_are_marked(tmp_path, caplog):
+  """Independent noise columns: validation R^2 below MIN_VAL_R2 gives one warning line, and every edge whose band
+  holds the flat curve 0 at all grid points is marked null_in_band (checked against the band arrays)."""
+  import logging
+  rng = np.random.default_rng(1)
+  path = tmp_path / "noise.csv"
+  path.write_text("a,b,c\n" + "".join(",".join(f"{v:.5f}" for v in row) + "\n" for row in rng.normal(size=(120, 3))))
+  with caplog.at_level(logging.WARNING, logger="jaxlab"):
+    s = _run(tmp_path, {"data.path": str(path), "data.val_fraction": 0.25, "method.bootstrap": 3})
+  assert s["eval/val_r2"] < registry.load(NAME).train_module.MIN_VAL_R2
+  assert s["eval/val_r2"] == pytest.approx(1 - s["eval/val_mse"] / s["eval/val_mse_of_mean"])
+  warned = [r.getMessage() for r in caplog.records if "no better than predicting" in r.getMessage()]
+  assert len(warned) == 1 and "\n" not in warned[0], warned
+  for e in s["edges"]:
+    low, high = np.array(e["band_low"]), np.array(e["band_high"])
+    assert e["null_in_band"] == bool(np.all((low <= 0) & (high >= 0)))
+  assert any(e["null_in_band"] for e in s["edges"])
 
 
 def test_bad_csv_is_a_clear_error(tmp_path):
