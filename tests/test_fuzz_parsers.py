@@ -177,3 +177,14 @@ def test_safetensors_headers(blob):
   from jaxlab.lm import hf
   with _file("model.safetensors", blob) as path:
     _parses_or_fails_cleanly(hf.read_safetensors, path)
+
+
+@pytest.mark.parametrize("line,col", [('{"prompt": "a" "completion": "b"}', 16), ("{'prompt': 'a'}", 2),
+                                      ('{"prompt": "a", "completion": "b",}', 35), ("hello", 1)])
+def test_jsonl_errors_name_the_column_of_the_error(tmp_path, line, col):
+  from jaxlab.data.jsonl import iter_jsonl
+  from jaxlab.errors import DataError
+  path = tmp_path / "f.jsonl"
+  path.write_text('{"prompt": "ok"}\n' + line + "\n")
+  with pytest.raises(DataError, match=rf"f.jsonl:2:{col}: not valid JSON"):
+    list(iter_jsonl(str(path)))
