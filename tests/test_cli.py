@@ -182,3 +182,18 @@ def test_main_prints_a_short_summary_and_refuses_an_uncreatable_workdir(root, tm
   r = _cli(root, "jaxlab.main", "--config", f"{TOY_CONFIG}:tiny", "--workdir", "/proc/jaxlab_x/run")
   assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr, r.stderr[-2000:]
   assert r.stderr.startswith("error: --workdir /proc/jaxlab_x/run: a directory cannot be created in /proc")
+
+
+def test_bench_speed_up_is_over_the_first_impl_unless_a_baseline_is_named(monkeypatch):
+  import jax.numpy as jnp
+  from jaxlab import bench
+  x = jnp.ones((64, 64))
+  two = {"reference": (lambda a: a @ a, (x,)), "fast": (lambda a: a + a, (x,))}
+  cases = [bench.Benchmark("t/default", lambda: dict(two), flops=1.0, bytes=1.0),
+           bench.Benchmark("t/named", lambda: dict(two), flops=1.0, bytes=1.0, baseline="fast"),
+           bench.Benchmark("t/single", lambda: {"only": two["fast"]}, flops=1.0, bytes=1.0)]
+  monkeypatch.setattr(bench, "discover", lambda: cases)
+  rows = {(r["name"], r["impl"]): r["speedup_vs_baseline"] for r in bench.run(["t"], iters=2, peak_tflops=1,
+                                                                               peak_gbps=1)}
+  assert rows[("t/default", "reference")] == 1.0 and rows[("t/default", "fast")] > 0
+  assert rows[("t/named", "fast")] == 1.0 and rows[("t/single", "only")] is None
