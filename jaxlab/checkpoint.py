@@ -241,7 +241,9 @@ class Checkpointer:
     A damaged checkpoint (`DamagedCheckpoint`: files that cannot be read, arrays that do not match their
     checksums) is passed over for the one before it; once one restores, the damaged newer ones are moved aside
     to `<checkpoints>.damaged/<step>` (kept for inspection), each with one warning line. When none restores,
-    the newest one's error is raised and nothing is moved.
+    the newest one's error is raised and nothing is moved. On several hosts a checksum mismatch is seen by every
+    process (the sums are global); a file that only some processes fail to read is not agreed on, and those
+    processes stop with the one-line error instead of falling back.
 
     Args:
       target: as in `restore`; None: no arrays (a state-less checkpoint), only the meta is read.
