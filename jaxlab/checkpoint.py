@@ -242,8 +242,8 @@ class Checkpointer:
     checksums) is passed over for the one before it; once one restores, the damaged newer ones are moved aside
     to `<checkpoints>.damaged/<step>` (kept for inspection), each with one warning line. When none restores,
     the newest one's error is raised and nothing is moved. On several hosts a checksum mismatch is seen by every
-    process (the sums are global); a file that only some processes fail to read is not agreed on, and those
-    processes stop with the one-line error instead of falling back.
+    process (the sums are global), but a file that only some processes fail to read is not agreed on: those
+    would fall back alone and the processes disagree on the step (a known limit; delete the damaged step folder).
 
     Args:
       target: as in `restore`; None: no arrays (a state-less checkpoint), only the meta is read.
