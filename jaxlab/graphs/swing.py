@@ -101,7 +101,7 @@ def swing_step(graph: IGraph, tables: SwingTables, x_nd: jax.Array, seed: int, *
 def swing_features(key: jax.Array, x_nd: jax.Array, graph: IGraph, f_mod, *, n_walks: int, t_max: int,
                    p_halt: float, m: int, sigma2: float = 1.0, lam: float = 0.8,
                    proposal_bandwidth: float | None = None, impl: str = "auto",
-                   orthogonal: bool = True) -> grf.WalkFeatures:
+                   orthogonal: bool = True, node_chunk: int = 0) -> grf.WalkFeatures:
   """SWING GRFs of every node: (N, n_walks, t_max + 1) sparse features, no N x N array anywhere (jitted;
   one compilation per distinct static setting).
 
@@ -120,10 +120,14 @@ def swing_features(key: jax.Array, x_nd: jax.Array, graph: IGraph, f_mod, *, n_w
     proposal_bandwidth: bandwidth of the Gaussian the proposal linearises (default: the RBF bandwidth,
       or eps / 2 for step graphs).
     impl: kernel impl ("auto", "xla", "pallas", "interpret").
+    node_chunk: walk the nodes' walkers `node_chunk` nodes at a time (`lax.map` over chunks; per device when
+      sharded), so that the walk's temporaries (proposal weights over m, per walker and step) are those of one
+      chunk; 0: all at once. The features are bit-identical for every chunk size, since all randomness is a
+      function of the walker id.
   """
   return _swing_features(key, x_nd, graph, f_mod, n_walks=n_walks, t_max=t_max, p_halt=p_halt, m=m,
                          sigma2=sigma2, lam=lam, proposal_bandwidth=proposal_bandwidth, impl=impl,
-                         orthogonal=orthogonal, walker_axes=_walker_axes(x_nd.shape[0]))
+                         orthogonal=orthogonal, walker_axes=_walker_axes(x_nd.shape[0]), node_chunk=int(node_chunk))
 
 
 def _walker_axes(n: int) -> str | tuple[str, ...] | None:
@@ -132,20 +136,30 @@ def _walker_axes(n: int) -> str | tuple[str, ...] | None:
 
 
 @functools.partial(jax.jit, static_argnames=("graph", "n_walks", "t_max", "p_halt", "m", "sigma2", "lam",
-                                             "proposal_bandwidth", "impl", "orthogonal", "walker_axes"))
+                                             "proposal_bandwidth", "impl", "orthogonal", "walker_axes", "node_chunk"))
 def _swing_features(key, x_nd, graph, f_mod, *, n_walks, t_max, p_halt, m, sigma2, lam, proposal_bandwidth,
-                    impl, orthogonal, walker_axes):
+                    impl, orthogonal, walker_axes, node_chunk=0):
   n = x_nd.shape[0]
   k_feat, k_walk, k_seed = jax.random.split(key, 3)
   bw = proposal_bandwidth or (graph.bandwidth if graph.kind == "rbf" else graph.eps / 2.0)
   tables = precompute(k_feat, x_nd, bw, m, sigma2, orthogonal)
   seed = jax.random.bits(k_seed, (), jnp.uint32)
 
-  def walks(walker_ids, log_phi, log_s, cdf, x_nd, k_walk, seed, f_mod):
+  def walks_of(walker_ids, log_phi, log_s, cdf, x_nd, k_walk, seed, f_mod):
     t = dataclasses.replace(tables, log_phi=log_phi, log_s=log_s, cdf=cdf)
     step = swing_step(graph, t, x_nd, seed, lam=lam, p_halt=p_halt, impl=impl)
     return grf.run_walks(k_walk, n, n_walks, t_max, p_halt, f_mod,
                          lambda k, c, l: step(k, c, l, walker_ids), walker_ids=walker_ids)
+
+  def walks(walker_ids, *operands):
+    nodes = walker_ids.shape[0] // n_walks
+    if not node_chunk or node_chunk >= nodes:
+      return walks_of(walker_ids, *operands)
+    chunks = -(-nodes // node_chunk)
+    pad = chunks * node_chunk * n_walks - walker_ids.shape[0]    # padded with copies of real walkers, dropped after
+    ids = jnp.concatenate([walker_ids, walker_ids[:pad]]) if pad else walker_ids
+    out = jax.lax.map(lambda i: dataclasses.astuple(walks_of(i, *operands)), ids.reshape(chunks, -1))
+    return grf.WalkFeatures(*(a.reshape((-1,) + a.shape[2:])[:nodes] for a in out))
 
   ids = jnp.arange(n * n_walks, dtype=jnp.int32)
   # Everything the walks read is an explicit (replicated) operand: a shard_map body must not close over
