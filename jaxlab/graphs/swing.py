@@ -140,16 +140,9 @@ def _walker_axes(n: int) -> str | tuple[str, ...] | None:
 def _swing_features(key, x_nd, graph, f_mod, *, n_walks, t_max, p_halt, m, sigma2, lam, proposal_bandwidth,
                     impl, orthogonal, walker_axes, node_chunk=0):
   n = x_nd.shape[0]
-  k_feat, k_walk, k_seed = jax.random.split(key, 3)
-  bw = proposal_bandwidth or (graph.bandwidth if graph.kind == "rbf" else graph.eps / 2.0)
-  tables = precompute(k_feat, x_nd, bw, m, sigma2, orthogonal)
-  seed = jax.random.bits(k_seed, (), jnp.uint32)
-
-  def walks_of(walker_ids, log_phi, log_s, cdf, x_nd, k_walk, seed, f_mod):
-    t = dataclasses.replace(tables, log_phi=log_phi, log_s=log_s, cdf=cdf)
-    step = swing_step(graph, t, x_nd, seed, lam=lam, p_halt=p_halt, impl=impl)
-    return grf.run_walks(k_walk, n, n_walks, t_max, p_halt, f_mod,
-                         lambda k, c, l: step(k, c, l, walker_ids), walker_ids=walker_ids)
+  walks_of, operands = _ensemble(key, x_nd, graph, f_mod, n_walks=n_walks, t_max=t_max, p_halt=p_halt, m=m,
+                                 sigma2=sigma2, lam=lam, proposal_bandwidth=proposal_bandwidth, impl=impl,
+                                 orthogonal=orthogonal)
 
   def walks(walker_ids, *operands):
     nodes = walker_ids.shape[0] // n_walks
@@ -162,15 +155,83 @@ def _swing_features(key, x_nd, graph, f_mod, *, n_walks, t_max, p_halt, m, sigma
     return grf.WalkFeatures(*(a.reshape((-1,) + a.shape[2:])[:nodes] for a in out))
 
   ids = jnp.arange(n * n_walks, dtype=jnp.int32)
-  # Everything the walks read is an explicit (replicated) operand: a shard_map body must not close over
-  # arrays of the auto-sharded outer program.
-  operands = (tables.log_phi, tables.log_s, tables.cdf, x_nd, k_walk, seed, jnp.asarray(f_mod, jnp.float32))
   if walker_axes is None:
     return walks(ids, *operands)
   spec = P(walker_axes)
   out = jax.shard_map(lambda i, *o: dataclasses.astuple(walks(i, *o)), mesh=mesh_lib.current_mesh(),
                       in_specs=(spec,) + (P(),) * len(operands), out_specs=(spec, spec), check_vma=False)(ids, *operands)
   return grf.WalkFeatures(*out)
+
+
+def _ensemble(key, x_nd, graph, f_mod, *, n_walks, t_max, p_halt, m, sigma2, lam, proposal_bandwidth, impl,
+              orthogonal):
+  """(walks_of, operands) of one ensemble: `walks_of(walker_ids, *operands)` -> the WalkFeatures of those walkers
+  (their randomness a function of the ids alone). Everything the walks read is an explicit operand: a shard_map
+  body must not close over arrays of the auto-sharded outer program."""
+  n = x_nd.shape[0]
+  k_feat, k_walk, k_seed = jax.random.split(key, 3)
+  bw = proposal_bandwidth or (graph.bandwidth if graph.kind == "rbf" else graph.eps / 2.0)
+  tables = precompute(k_feat, x_nd, bw, m, sigma2, orthogonal)
+  seed = jax.random.bits(k_seed, (), jnp.uint32)
+
+  def walks_of(walker_ids, log_phi, log_s, cdf, x_nd, k_walk, seed, f_mod):
+    t = dataclasses.replace(tables, log_phi=log_phi, log_s=log_s, cdf=cdf)
+    step = swing_step(graph, t, x_nd, seed, lam=lam, p_halt=p_halt, impl=impl)
+    return grf.run_walks(k_walk, n, n_walks, t_max, p_halt, f_mod,
+                         lambda k, c, l: step(k, c, l, walker_ids), walker_ids=walker_ids)
+
+  operands = (tables.log_phi, tables.log_s, tables.cdf, x_nd, k_walk, seed, jnp.asarray(f_mod, jnp.float32))
+  return walks_of, operands
+
+
+def swing_kernel_matvec(key: jax.Array, x_nd: jax.Array, graph: IGraph, f_mod, v: jax.Array, *, n_walks: int,
+                        t_max: int, p_halt: float, m: int, sigma2: float = 1.0, lam: float = 0.8,
+                        proposal_bandwidth: float | None = None, impl: str = "auto", orthogonal: bool = True,
+                        node_chunk: int = 1024, symmetric: bool = True) -> jax.Array:
+  """K_hat v for v of shape (N,) without keeping the features: O(N + node_chunk x n_walks x t_max) memory.
+
+  Equals `grf.kernel_matvec(swing_features(k1, ...), swing_features(k2, ...), v, symmetric)` with
+  `k1, k2 = jax.random.split(key)` (the same walks; sums in another order, so up to float rounding). Each
+  ensemble is walked twice, chunk by chunk: once to scatter Phi^T v, once to gather Phi (Phi'^T v), so it takes
+  about twice the time of building the features. Runs unsharded (a mesh in context is not used).
+  """
+  return _swing_kernel_matvec(key, x_nd, graph, jnp.asarray(f_mod, jnp.float32), v, n_walks=n_walks, t_max=t_max,
+                              p_halt=p_halt, m=m, sigma2=sigma2, lam=lam, proposal_bandwidth=proposal_bandwidth,
+                              impl=impl, orthogonal=orthogonal, node_chunk=int(node_chunk), symmetric=symmetric)
+
+
+@functools.partial(jax.jit, static_argnames=("graph", "n_walks", "t_max", "p_halt", "m", "sigma2", "lam",
+                                             "proposal_bandwidth", "impl", "orthogonal", "node_chunk", "symmetric"))
+def _swing_kernel_matvec(key, x_nd, graph, f_mod, v, *, n_walks, t_max, p_halt, m, sigma2, lam, proposal_bandwidth,
+                         impl, orthogonal, node_chunk, symmetric):
+  n = x_nd.shape[0]
+  chunk = max(1, min(node_chunk, n))
+  chunks = -(-n // chunk)
+  starts = jnp.arange(chunks * chunk, dtype=jnp.int32).reshape(chunks, chunk)      # start nodes (padded)
+  real = starts < n
+  starts = jnp.where(real, starts, 0)
+  ids = (starts[:, :, None] * n_walks + jnp.arange(n_walks, dtype=jnp.int32)).reshape(chunks, -1)
+  kw = dict(n_walks=n_walks, t_max=t_max, p_halt=p_halt, m=m, sigma2=sigma2, lam=lam,
+            proposal_bandwidth=proposal_bandwidth, impl=impl, orthogonal=orthogonal)
+  ens = [_ensemble(k, x_nd, graph, f_mod, **kw) for k in jax.random.split(key)]
+
+  def rmatvec(walks_of, operands, w):
+    def body(acc, chunk_in):
+      i, s, ok = chunk_in
+      f = walks_of(i, *operands)
+      contrib = f.values * jnp.where(ok, w[s], 0.0)[:, None, None]
+      return acc + jax.ops.segment_sum(contrib.reshape(-1), f.nodes.reshape(-1), num_segments=n), None
+    return jax.lax.scan(body, jnp.zeros((n,), jnp.float32), (ids, starts, real))[0]
+
+  def matvec(walks_of, operands, y):
+    def body(_, i):
+      f = walks_of(i, *operands)
+      return None, jnp.sum(f.values * y[f.nodes], axis=(1, 2))
+    return jax.lax.scan(body, None, ids)[1].reshape(-1)[:n]
+
+  (wa, oa), (wb, ob) = ens
+  out = matvec(wa, oa, rmatvec(wb, ob, v))
+  return 0.5 * (out + matvec(wb, ob, rmatvec(wa, oa, v))) if symmetric else out
 
 
 def relaxed_step(key: jax.Array, point_bd: jax.Array, tables: SwingTables, tau: float = 0.5) -> jax.Array:

@@ -153,3 +153,19 @@ def test_swing_walks_in_node_chunks_are_bit_identical(chunk):
     sharded_whole = swing.swing_features(jax.random.key(3), x, g, np.ones(7), **kw)
   np.testing.assert_array_equal(sharded.nodes, sharded_whole.nodes)
   np.testing.assert_array_equal(sharded.values, sharded_whole.values)
+
+
+@pytest.mark.parametrize("chunk,symmetric", [(7, True), (48, False)])
+def test_streamed_kernel_matvec_equals_the_one_from_stored_features(chunk, symmetric):
+  """K_hat v walked chunk by chunk (features never stored) equals grf.kernel_matvec on the two ensembles'
+  features (the same walks; float rounding of the sums aside)."""
+  n = 48
+  x = jax.random.normal(jax.random.key(0), (n, 3))
+  g = igraph.normalise(igraph.IGraph("rbf", bandwidth=0.7), x, 0.5)
+  kw = dict(n_walks=4, t_max=6, p_halt=0.5, m=16, impl="xla")
+  v = jax.random.normal(jax.random.key(5), (n,))
+  k1, k2 = jax.random.split(jax.random.key(3))
+  want = grf.kernel_matvec(swing.swing_features(k1, x, g, np.ones(7), **kw),
+                           swing.swing_features(k2, x, g, np.ones(7), **kw), v, symmetric=symmetric)
+  got = swing.swing_kernel_matvec(jax.random.key(3), x, g, np.ones(7), v, node_chunk=chunk, symmetric=symmetric, **kw)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
