@@ -11,6 +11,7 @@ tokens count more; plain scalars are averaged over the steps.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -65,28 +66,30 @@ def is_main_process() -> bool:
 
 def write_json(path: str, obj: Any) -> None:
   """Writes JSON atomically (temp file + rename) from process 0; NaN/inf become null."""
+  write_text(path, json.dumps(_jsonable(obj), indent=2, sort_keys=True), kind="json")
+
+
+def write_text(path: str, text: str, kind: str = "text") -> None:
+  """Writes a text file atomically (temp file + rename) from process 0; `kind` names its write boundary
+  (`jaxlab.faults`: "<kind>:<file name>")."""
   if not is_main_process():
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp"
-  faults.boundary(f"json:{os.path.basename(path)}")
-  with open(tmp, "w") as f:
-    json.dump(_jsonable(obj), f, indent=2, sort_keys=True)
-  os.replace(tmp, path)
-  faults.boundary(f"json:{os.path.basename(path)}/done")
-
-
-def write_text(path: str, text: str) -> None:
-  """Writes a text file atomically (temp file + rename) from process 0."""
-  if not is_main_process():
-    return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp"
-  faults.boundary(f"text:{os.path.basename(path)}")
+  faults.boundary(f"{kind}:{os.path.basename(path)}")
   with open(tmp, "w") as f:
     f.write(text)
   os.replace(tmp, path)
-  faults.boundary(f"text:{os.path.basename(path)}/done")
+  faults.boundary(f"{kind}:{os.path.basename(path)}/done")
+
+
+def file_sha256(path: str) -> str:
+  """Hex SHA-256 of a file's bytes (read in 1 MiB blocks)."""
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
 
 
 def read_json(path: str) -> Any:

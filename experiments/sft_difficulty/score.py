@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import hashlib
 import json
 import math
 import os
@@ -55,6 +54,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from jaxlab import cli, progress
+from jaxlab.metrics import file_sha256
 from jaxlab.errors import ConfigError, DataError, Interrupted
 
 SCORES = ("loss", "perplexity", "length", "pass_rate")
@@ -151,15 +151,6 @@ def read_records(path: str) -> list[tuple[int, dict[str, Any]]]:
   if not out:
     raise DataError(f"{path} holds no records; pass a JSONL file of {{\"prompt\": ..., \"completion\": ...}} lines")
   return out
-
-
-def file_sha256(path: str) -> str:
-  """Hex SHA-256 of a file's bytes."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:

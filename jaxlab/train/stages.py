@@ -29,7 +29,6 @@ The run works inside the config's mesh and logical rules (`jaxlab.mesh.use_confi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -176,7 +175,7 @@ def stage_arrays(workdir: str, index: int, name: str, sha256: str | None = None)
   if not os.path.exists(path):
     return {}
   try:
-    if sha256 is not None and _sha256(path) != sha256:
+    if sha256 is not None and metrics_lib.file_sha256(path) != sha256:
       raise ValueError("its bytes do not match the checksum recorded in the stage's checkpoint")
     with np.load(path, allow_pickle=False) as z:
       return _unflatten({k: z[k] for k in z.files})
@@ -185,14 +184,6 @@ def stage_arrays(workdir: str, index: int, name: str, sha256: str | None = None)
     raise CheckpointError(f"{path}, the arrays of stage {index + 1} ({name}), is damaged ({why}); "
                           f"delete {os.path.join(workdir, 'checkpoints')} to recompute the stages, or use another "
                           "--workdir") from None
-
-
-def _sha256(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -227,7 +218,7 @@ def _run(config, workdir, stages, names, done, results, state, mesh, ckpt, t_sta
         if arrays and metrics_lib.is_main_process():
           path = _npz_path(workdir, index, name)
           _save_npz(path, arrays)
-          clock.array_checksums[os.path.basename(path)] = _sha256(path)
+          clock.array_checksums[os.path.basename(path)] = metrics_lib.file_sha256(path)
         results[name] = _merge(scalars, jax.tree.map(np.asarray, arrays))
         meta = {"config": config.to_dict(), "stages": names[:index + 1],
                 "results": metrics_lib.jsonable({n: _split(results[n])[0] for n in names[:index + 1]}),
