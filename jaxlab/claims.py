@@ -5,6 +5,11 @@ per-seed summaries of its runs (the dicts `train_and_evaluate` returns) and comp
 
     Claim("accuracy", "test accuracy >= 0.93 on every seed",
           measure=fraction(lambda s: s["eval/accuracy"] >= 0.93), op=">=", target=1.0)
+
+A claim that only parallel hardware can meet (a speed-up that the FLOPs do not give on a CPU) declares
+`requires="accelerator"`: on a CPU backend it is measured but not checked (`passed` None, shown as "not checked
+here: needs an accelerator", never as a pass), and `jaxlab.reproduce` shows the value of the last accelerator
+ledger beside it (`jaxlab.ledger.read_accelerator`); on a GPU or TPU it is checked like any claim.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 Summary = dict[str, Any]
+REQUIRES = ("", "accelerator")   # what a claim may need of the backend that runs it
+NOT_CHECKED = "not checked here: needs an accelerator"
 _OPS = {
     ">=": lambda m, t: m >= t, ">": lambda m, t: m > t, "<=": lambda m, t: m <= t, "<": lambda m, t: m < t,
     "in": lambda m, t: t[0] <= m <= t[1],
@@ -32,16 +39,24 @@ class Claim:
     measure: `runs -> number` computed from the per-seed summary dicts.
     op: one of ">=", ">", "<=", "<", "in" (target is then a (low, high) pair).
     target: the threshold (or interval).
+    requires: "" (any backend) or "accelerator" (checked on a GPU / TPU only; see the module docstring).
   """
   name: str
   text: str
   measure: Callable[[Sequence[Summary]], float]
   op: str
   target: float | tuple[float, float]
+  requires: str = ""
 
   def __post_init__(self):
     if self.op not in _OPS:
       raise ValueError(f"Claim {self.name!r}: op must be one of {list(_OPS)}, got {self.op!r}")
+    if self.requires not in REQUIRES:
+      raise ValueError(f"Claim {self.name!r}: requires must be one of {list(REQUIRES)}, got {self.requires!r}")
+
+  def checkable(self, backend: str | None) -> bool:
+    """Whether a run on `backend` ("cpu", "gpu", "tpu"; None: unknown, checked) can check this claim."""
+    return not (self.requires == "accelerator" and backend == "cpu")
 
   def target_text(self) -> str:
     """The comparison as text, e.g. '>= 0.9' or 'in [-0.4, -0.25]'."""
@@ -49,13 +64,19 @@ class Claim:
       return f"in [{self.target[0]:g}, {self.target[1]:g}]"
     return f"{self.op} {self.target:g}"
 
-  def check(self, runs: Sequence[Summary]) -> dict[str, Any]:
-    """Measures and compares; returns {"name", "text", "measured", "target", "passed"} (+ "error")."""
+  def check(self, runs: Sequence[Summary], backend: str | None = None) -> dict[str, Any]:
+    """Measures and compares; returns {"name", "text", "measured", "target", "passed"} (+ "error"; + "requires"
+    and, where `backend` cannot check it, "passed" None and "status" `NOT_CHECKED`)."""
     out = {"name": self.name, "text": self.text, "target": self.target_text()}
+    if self.requires:
+      out["requires"] = self.requires
+    checkable = self.checkable(backend)
     try:
       value = float(self.measure(runs))
     except Exception as e:  # a missing key or a failed run must fail the claim, not the report
-      return {**out, "measured": None, "passed": False, "error": f"{type(e).__name__}: {e}"}
+      return {**out, "measured": None, "passed": False if checkable else None, "error": f"{type(e).__name__}: {e}"}
+    if not checkable:
+      return {**out, "measured": value, "passed": None, "status": NOT_CHECKED}
     passed = math.isfinite(value) and bool(_OPS[self.op](value, self.target))
     return {**out, "measured": value, "passed": passed}
 

@@ -73,3 +73,18 @@ def test_claim_levels_are_drawn_on_the_curves_of_their_metric(tmp_path):
   finally:
     plotting.save = real_save
   assert saved and captured == {"ylabel": "eval/accuracy", "levels": [0.93]}
+
+
+def test_a_claim_that_needs_an_accelerator_is_measured_but_never_passed_on_a_cpu():
+  speed = claims.Claim("speed", "4x faster", claims.minimum("acc"), ">=", 0.5, requires="accelerator")
+  cpu = speed.check(RUNS, "cpu")
+  assert cpu["passed"] is None and cpu["measured"] == 0.91 and cpu["status"] == claims.NOT_CHECKED
+  assert cpu["requires"] == "accelerator"
+  for backend in ("gpu", "tpu", None):            # checked like any claim where the hardware is there
+    assert speed.check(RUNS, backend)["passed"] is True
+  slow = claims.Claim("slow", "fails", claims.minimum("acc"), ">=", 0.95, requires="accelerator")
+  assert slow.check(RUNS, "gpu")["passed"] is False and slow.check(RUNS, "cpu")["passed"] is None
+  plain = claims.Claim("acc", "any backend", claims.minimum("acc"), ">=", 0.9)
+  assert plain.check(RUNS, "cpu")["passed"] is True and "requires" not in plain.check(RUNS, "cpu")
+  with pytest.raises(ValueError, match="requires must be one of"):
+    claims.Claim("g", "bad", claims.mean("acc"), ">=", 1.0, requires="gpu")

@@ -99,3 +99,41 @@ def test_readme_results_table_is_the_one_the_ledgers_give(root):
   assert block is not None, "README.md has no generated results table (markers missing)"
   assert block == reproduce.results_table(), \
       "README.md's results table differs from the ledgers: paste the output of python -m jaxlab.reproduce --table"
+
+
+def test_a_claim_that_needs_an_accelerator_shows_the_accelerator_ledger(repo, monkeypatch):
+  """A CPU ledger records it unchecked; a GPU run writes claims.accelerator.json; the row shows that value, its
+  machine and commit, and counts the claim neither as a pass nor as a failure."""
+  results = {"variant": "tiny", "seeds": [0], "wall_s": 1.0,
+             "claims": [{"name": "acc", "text": "t", "measured": 0.97, "target": ">= 0.9", "passed": True},
+                        {"name": "speed", "text": "s", "measured": 2.4, "target": ">= 2.5", "passed": None,
+                         "requires": "accelerator", "status": "not checked here: needs an accelerator"}]}
+  meta = {"experiment": "`a`", "claim": "c"}
+  prov = {"commit": "0123456789abcdef", "dirty": False, "versions": {}, "date": "2026-12-04T10:00:00Z",
+          "machine": {"cpu": "x", "threads": 2, "backend": "cpu", "devices": 1}}
+  monkeypatch.setattr(ledger, "provenance", lambda *a, **k: prov)
+  path = ledger.write("a", results, repo)
+  assert path.endswith("experiments/a/claims.json")
+  row = ledger.row("a", meta, ledger.read("a", repo), repo)
+  assert "speed not checked here (needs an accelerator; no accelerator ledger yet)" in row
+  assert row.endswith("| PASS (1/1; 1 needs an accelerator) |")
+  gpu = dict(prov, machine={"cpu": "x", "threads": 16, "backend": "gpu", "devices": 1, "device": "NVIDIA H200"},
+             commit="fedcba9876543210", date="2026-12-05T10:00:00Z")
+  monkeypatch.setattr(ledger, "provenance", lambda *a, **k: gpu)
+  on_gpu = dict(results, claims=[results["claims"][0], dict(results["claims"][1], measured=4.4, passed=True)])
+  on_gpu["claims"][1].pop("status")
+  path = ledger.write("a", on_gpu, repo)
+  assert path.endswith("experiments/a/claims.accelerator.json")
+  assert ledger.read("a", repo)["claims"][1]["passed"] is None          # the CPU ledger is left as it was
+  row = ledger.row("a", meta, ledger.read("a", repo), repo)
+  assert ("speed not checked here (needs an accelerator; last accelerator ledger: 4.4 (PASS) on NVIDIA H200, "
+          "2026-12-05, commit fedcba9)") in row
+  assert "PASS" in row and "FAIL" not in row
+
+
+def test_the_printed_table_says_not_checked_here():
+  res = [{"paper": "a", "wall_s": 3.0, "claims": [
+      {"name": "speed", "measured": 2.4, "target": ">= 2.5", "passed": None, "requires": "accelerator",
+       "accelerator": None}]}]
+  out = reproduce.format_table(res)
+  assert "not checked here" in out and "a/speed: needs an accelerator; no accelerator ledger yet" in out
