@@ -50,7 +50,8 @@ setup(
     python_requires=">=3.10",
     packages=_packages(),
     package_dir=ROOTS,
-    package_data={"jaxlab.experiments": ["*/README.md", "*/claims.json"], "jaxlab.kernels": ["*/README.md"]},
+    package_data={"jaxlab.experiments": ["*/README.md", "*/claims.json", "*/claims.accelerator.json"],
+                  "jaxlab.kernels": ["*/README.md"]},
     install_requires=[
         "jax>=0.8", "flax>=0.12", "optax>=0.2.4", "orbax-checkpoint>=0.11", "chex>=0.1.89",
         "ml-collections>=1.0", "tensorflow-datasets>=4.9.7", "numpy>=1.26", "scipy>=1.11", "tqdm>=4.66",

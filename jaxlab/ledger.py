@@ -270,7 +270,8 @@ def accelerator_value(paper: str, name: str, root: str = ROOT) -> dict[str, Any]
   if claim is None:
     return None
   out = {"measured": claim.get("measured"), "passed": claim.get("passed"), "machine": led.get("machine", {}),
-         "commit": led.get("commit"), "date": led.get("date")}
+         "commit": led.get("commit"), "date": led.get("date"), "variant": led.get("variant"),
+         "seeds": led.get("seeds")}
   if led.get("provenance"):
     out["provenance"] = led["provenance"]
   return out
@@ -284,7 +285,8 @@ def accelerator_text(acc: Mapping[str, Any] | None) -> str:
   m = acc.get("machine", {})
   where = m.get("device") or m.get("cpu") or m.get("backend", "?")
   verdict = {True: "PASS", False: "FAIL"}.get(acc.get("passed"), "not checked")
-  return (f"needs an accelerator; last accelerator ledger: {_fmt(acc.get('measured'))} ({verdict}) on {where}, "
+  run = f", variant {acc['variant']} seeds {acc['seeds']}" if acc.get("variant") not in (None, "tiny") else ""
+  return (f"needs an accelerator; last accelerator ledger: {_fmt(acc.get('measured'))} ({verdict}) on {where}{run}, "
           f"{str(acc.get('date') or '?')[:10]}, commit {str(acc.get('commit') or '?')[:7]}")
 
 

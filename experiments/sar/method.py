@@ -1,7 +1,8 @@
-"""SAR, the pieces: digits as tokens, the judge, the two models and their losses, the checks, the scores.
+"""SAR, the pieces: images as tokens, the judge, the two models and their losses, the checks, the scores.
 
 The model side is the shared core `jaxlab.ar` (masks, `SelfTokenTransformer`, the flow head, the grouped
-samplers); the judge is `jaxlab.evals.judge` (the cached digits MLP shared with jit_digits and latent_forcing).
+samplers); the judge is the 28x28 MNIST kit (`jaxlab.evals.mnist_kit`, shared with every experiment on that
+data) or, for the 8x8 digits of v1, `jaxlab.evals.judge` (the cached digits MLP shared with jit_digits).
 """
 
 from __future__ import annotations
@@ -16,17 +17,59 @@ from jaxlab.ar import head as head_lib
 from jaxlab.ar import masks as masks_lib
 from jaxlab.ar import model as model_lib
 from jaxlab.ar import tokenizers
+from jaxlab.data import mnist as mnist_lib
 from jaxlab.data import synthetic
 from jaxlab.evals import judge as judge_lib
+from jaxlab.evals import mnist_kit
 
 from . import config as config_lib
 
 
 def digits(config) -> tuple[dict, dict]:
-  """(train, held-out) sklearn digits in [-1, 1]: {"image": (N, 8, 8, 1) float32, "label": (N,) int32}."""
+  """(train, held-out) images in [-1, 1]: {"image": (N, s, s, 1) float32, "label": (N,) int32}: MNIST (4,500 /
+  500, padded to data.pad_to) or sklearn's 8x8 digits (data.name)."""
   d = config.data
+  if d.name == "mnist":
+    kw = dict(held_per_class=int(d.held_per_class), seed=int(d.split_seed), pad_to=int(d.pad_to))
+    return mnist_lib.mnist("train", **kw), mnist_lib.mnist("test", **kw)
   kw = dict(test_fraction=float(d.test_fraction), seed=int(d.split_seed), value_range=(-1.0, 1.0))
   return synthetic.digits("train", **kw), synthetic.digits("test", **kw)
+
+
+class Scorer:
+  """The data's judge: `score(images, labels)` -> {"fd" (to the training images), "entropy", "judge_acc",
+  "confidence", "pred"}; `floor()` -> the judge's held-out accuracy and the FD of held-out real images."""
+
+  def __init__(self, config, train: dict):
+    self.config, self.train = config, train
+    j = config.judge
+    if config.data.name == "mnist":
+      jc = mnist_kit.JudgeConfig(steps=int(j.steps), batch_size=int(j.batch_size),
+                                 learning_rate=float(j.learning_rate), weight_decay=float(j.weight_decay))
+      self.kit = mnist_kit.load(cache_dir=j.cache_dir, held_per_class=int(config.data.held_per_class),
+                                split_seed=int(config.data.split_seed), judge=jc)
+      self.cached = self.kit.cached
+    else:
+      self.kit = None
+      self.judge, self.cached = load_or_train_judge(config, train)
+
+  def score(self, images, labels=None) -> dict:
+    if self.kit is not None:
+      return self.kit.score(images, labels)
+    s = judge_lib.score(self.judge, images, self.train["image"])
+    if labels is not None:
+      s["judge_acc"] = float(np.mean(s["pred"] == labels))
+    return s
+
+  def floor(self, held: dict, n: int) -> dict:
+    """{"judge/held_acc", "fd_floor" (held-out real vs train), "entropy_floor"} and, on MNIST, the FD of n
+    class-balanced real digits over 20 draws ("fd_floor_draws/mean", "/sd")."""
+    s = self.score(held["image"], held["label"])
+    out = {"judge/held_acc": s["judge_acc"], "fd_floor": s["fd"], "entropy_floor": s["entropy"]}
+    if self.kit is not None:
+      d = self.kit.floor(n=min(int(n), len(self.train["label"])), reps=20)["draws"]
+      out.update({"fd_floor_draws/n": d["n"], "fd_floor_draws/mean": d["mean"], "fd_floor_draws/sd": d["sd"]})
+    return out
 
 
 def digits_spec(config) -> dict:

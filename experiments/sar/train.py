@@ -31,7 +31,6 @@ from jaxlab import data as data_lib
 from jaxlab import progress
 from jaxlab.ar import generate as gen
 from jaxlab.ar import tokenizers
-from jaxlab.evals import judge as judge_lib
 from jaxlab.train import fit, optim, run_stages
 from jaxlab.train import stages as stages_lib
 
@@ -63,11 +62,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def judge_stage(ctx, train, held) -> dict:
-  judge, cached = method.load_or_train_judge(ctx.config, train)
-  log.info("judge: %s", "read from the cache" if cached else "trained and cached")
-  s = judge_lib.score(judge, held["image"], train["image"])
-  return {"judge/held_acc": float(np.mean(s["pred"] == held["label"])), "fd_floor": s["fd"],
-          "entropy_floor": s["entropy"]}
+  scorer = method.Scorer(ctx.config, train)
+  log.info("judge: %s", "read from the cache" if scorer.cached else "trained and cached")
+  return scorer.floor(held, int(ctx.config.sample.num))
 
 
 _FITTED = {}   # (workdir, arm) -> FitResult of this process (later stages reuse it instead of restoring again)
@@ -113,10 +110,9 @@ def checks_stage(ctx, data, grid) -> dict:
   return {"exact/max_abs": method.exactness(net, x, y, scheds), **{f"leak/{k}": v for k, v in leak.items()}}
 
 
-def _score(judge, images, labels, train) -> dict:
-  s = judge_lib.score(judge, images, train["image"])
-  return {"fd": s["fd"], "entropy": s["entropy"], "judge_acc": float(np.mean(s["pred"] == labels)),
-          "confidence": s["confidence"]}
+def _score(scorer, images, labels) -> dict:
+  s = scorer.score(images, labels)
+  return {k: s[k] for k in ("fd", "entropy", "judge_acc", "confidence")}
 
 
 def _labels(config) -> np.ndarray:
@@ -138,7 +134,7 @@ def sample_sar_stage(ctx, data, tok, train) -> dict:
   model = _ema_model(_fit(ctx, "sar", data, tok.grid))
   sampler = gen.GroupedSampler(model, head_steps=int(s.head_steps), shift=float(s.shift),
                                temperature=float(s.temperature), cfg=float(s.cfg))
-  judge, _ = method.load_or_train_judge(config, train)
+  scorer = method.Scorer(config, train)
   labels = _labels(config)
   key = ctx.key()
   out = {}
@@ -147,7 +143,7 @@ def sample_sar_stage(ctx, data, tok, train) -> dict:
     toks = _batched(lambda y, i, sizes=sizes: sampler(y, sizes, jax.random.fold_in(key, i)), labels,
                     int(s.batch_size), f"sampling {name}")
     images = np.asarray(tok.decode(toks), np.float32)
-    for k, v in _score(judge, images, labels, train).items():
+    for k, v in _score(scorer, images, labels).items():
       out[f"{k}/{name}"] = v
     out[f"steps/{name}"] = len(sizes)
     out[f"speed/{name}"] = gen.images_per_second(lambda sizes=sizes: sampler(speed_labels, sizes, key),
@@ -168,11 +164,11 @@ def sample_regression_stage(ctx, data, tok, train) -> dict:
   config = ctx.config
   model = _ema_model(_fit(ctx, "regression", data, tok.grid))
   sampler = gen.RegressionSampler(model)
-  judge, _ = method.load_or_train_judge(config, train)
+  scorer = method.Scorer(config, train)
   labels = _labels(config)
   toks = _batched(lambda y, i: sampler(y), labels, int(config.sample.batch_size), "sampling regression")
   images = np.asarray(tok.decode(toks), np.float32)
-  out = {f"{k}/regression": v for k, v in _score(judge, images, labels, train).items()}
+  out = {f"{k}/regression": v for k, v in _score(scorer, images, labels).items()}
   out["distinct/regression"] = int(len(np.unique(np.round(images.reshape(len(images), -1), 4), axis=0)))
   keep = np.concatenate([np.flatnonzero(labels == c)[:PLOT_PER_CLASS] for c in np.unique(labels)])
   out["samples/regression"] = images[keep]
@@ -269,12 +265,12 @@ def plot(runs, workdirs, out_dir):
   order = [n for n in grids if n != "regression"] + (["regression"] if "regression" in grids else [])
   fig, axes = plt.subplots(1, len(order), figsize=(2.1 * len(order), 3.3), squeeze=False)
   for ax, name in zip(axes[0], order):
-    x = np.asarray(grids[name])[..., 0]          # (10 * PLOT_PER_CLASS, 8, 8), class-major
-    per = len(x) // 10
-    canvas = np.full((10 * 9, per * 9), -1.0)
+    x = np.asarray(grids[name])[..., 0]          # (10 * PLOT_PER_CLASS, s, s), class-major
+    per, side = len(x) // 10, x.shape[1]
+    canvas = np.full((10 * (side + 1), per * (side + 1)), -1.0)
     for j, img in enumerate(x):
       r, cc = divmod(j, per)
-      canvas[r * 9:r * 9 + 8, cc * 9:cc * 9 + 8] = img
+      canvas[r * (side + 1):r * (side + 1) + side, cc * (side + 1):cc * (side + 1) + side] = img
     ax.imshow(canvas, cmap="gray_r", vmin=-1, vmax=1, interpolation="nearest")
     fd = np.mean([r[f"fd/{name}"] for r in runs if f"fd/{name}" in r])
     ax.set_title(f"{name}\nFD {fd:.2f}", fontsize=8)
