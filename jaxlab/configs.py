@@ -41,7 +41,8 @@ from jaxlab.errors import ConfigError
 
 VARIANTS = ("tiny", "small", "full")     # every experiment has these
 EXTRA_VARIANTS = ("tiny_v1",)            # the earlier tiny claim setting of experiments whose claims were re-posed
-                                         # (issue 71: latent_forcing, sar); only those experiments define it
+                                         # (issue 71); an experiment that builds it lists it in its config's
+                                         # VARIANTS, and `registry` refuses it for every other experiment
 OPTIMIZERS = ("adamw", "adam", "sgd", "lion")
 SCHEDULES = ("constant", "cosine", "warmup_cosine", "warmup_constant")
 

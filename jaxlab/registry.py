@@ -46,6 +46,24 @@ class Experiment:
   def claims(self) -> list:
     return list(getattr(self.config_module, "CLAIMS", []))
 
+  @property
+  def variants(self) -> tuple[str, ...]:
+    """The variants the experiment builds: its config module's `VARIANTS`, else `jaxlab.configs.VARIANTS`."""
+    return tuple(getattr(self.config_module, "VARIANTS", configs.VARIANTS))
+
+  def check_variant(self, arg: str | None) -> None:
+    """Raises ConfigError (one line, before any work) when `arg` names a variant this experiment does not build
+    (e.g. `tiny_v1`, the earlier claim setting only re-posed experiments keep)."""
+    variant = "tiny"
+    for i, part in enumerate(p.strip() for p in str(arg or "").split(",")):
+      key, eq, value = part.partition("=")
+      if eq and key.strip() == "variant":
+        variant = value.strip()
+      elif not eq and i == 0 and part:    # "small": the first key of the argument spec is the variant
+        variant = part
+    if variant not in self.variants:
+      raise ConfigError(f"{self.name} has no variant {variant!r}: use one of {', '.join(self.variants)}")
+
   def get_config(self, arg: str | None = None, overrides: Any = ()) -> ml_collections.ConfigDict:
     """The experiment's `get_config(arg)` with `overrides` applied before it is validated (once) and locked.
 
@@ -57,6 +75,7 @@ class Experiment:
     Raises:
       ConfigError: an unknown key, a bad value, or a config the experiment's `validate` rejects.
     """
+    self.check_variant(arg)
     groups = overrides if isinstance(overrides, tuple) else (overrides,)
     with configs.overriding(*groups):
       config = self.config_module.get_config(arg)

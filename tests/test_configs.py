@@ -161,3 +161,15 @@ def test_a_value_of_the_wrong_type_names_an_example():
     registry.load("quickstart").get_config("tiny", ["model.hidden=[1,"])
   with pytest.raises(ConfigError, match=r"expects bool, got 'maybe'; e.g. --config.train.async_checkpoint=true"):
     registry.load("quickstart").get_config("tiny", ["train.async_checkpoint=maybe"])
+
+
+def test_a_variant_the_experiment_does_not_build_is_one_line():
+  """`tiny_v1` (the v1 claim setting) exists only where claims were re-posed; elsewhere it is refused, not built
+  as tiny under another name."""
+  from jaxlab import registry
+  from jaxlab.errors import ConfigError
+  with pytest.raises(ConfigError, match="quickstart has no variant 'tiny_v1': use one of tiny, small, full"):
+    registry.load("quickstart").get_config("variant=tiny_v1,seed=1")
+  assert registry.load("sar").get_config("tiny_v1").data.name == "digits"
+  with pytest.raises(ConfigError, match="sar has no variant 'huge'"):
+    registry.load("sar").get_config("huge")

@@ -31,6 +31,7 @@ ANY_K_MAX = 1.2               # issue 71, claim 2: FD(4 tokens/step) within 1.2x
 EXACT_MAX = 1e-5              # claim 3: KV-cached features == full masked forward (float32)
 ENTROPY_MIN = 0.9 * math.log(10)   # claim 6
 SPEEDUP_MIN = 2.5             # claim 7 (needs an accelerator): images/s at 4 tokens/step >= 2.5x at 1 token/step
+VARIANTS = ("tiny", "tiny_v1", "small", "full")   # tiny_v1: the v1 claim setting (README)
 TOKENS_PER_STEP = (1, 2, 4, 8)
 ARMS = ("sar", "regression")
 DATASETS = ("mnist", "digits", "latents")
