@@ -245,21 +245,20 @@ def write(paper: str, results: Mapping[str, Any], root: str = ROOT) -> str:
   return path
 
 
-def read(paper: str, root: str = ROOT) -> dict[str, Any] | None:
-  path = ledger_path(paper, root)
+def _read_json(path: str) -> dict[str, Any] | None:
   if not os.path.exists(path):
     return None
   with open(path) as f:
     return json.load(f)
+
+
+def read(paper: str, root: str = ROOT) -> dict[str, Any] | None:
+  return _read_json(ledger_path(paper, root))
 
 
 def read_accelerator(paper: str, root: str = ROOT) -> dict[str, Any] | None:
   """The paper's accelerator ledger (`claims.accelerator.json`), or None."""
-  path = os.path.join(os.path.dirname(ledger_path(paper, root)), ACCELERATOR_LEDGER)
-  if not os.path.exists(path):
-    return None
-  with open(path) as f:
-    return json.load(f)
+  return _read_json(os.path.join(os.path.dirname(ledger_path(paper, root)), ACCELERATOR_LEDGER))
 
 
 def accelerator_value(paper: str, name: str, root: str = ROOT) -> dict[str, Any] | None:

@@ -36,6 +36,18 @@ def digits(config) -> tuple[dict, dict]:
   return synthetic.digits("train", **kw), synthetic.digits("test", **kw)
 
 
+_SCORERS = {}   # (judge settings, data split) -> the Scorer of this process (one judge load per run, not per stage)
+
+
+def scorer(config, train: dict) -> "Scorer":
+  """The `Scorer` of the config's judge and data split, built once per process."""
+  key = (config.judge.to_json(), config.data.to_json())
+  if key not in _SCORERS:
+    _SCORERS.clear()
+    _SCORERS[key] = Scorer(config, train)
+  return _SCORERS[key]
+
+
 class Scorer:
   """The data's judge: `score(images, labels)` -> {"fd" (to the training images), "entropy", "judge_acc",
   "confidence", "pred"}; `floor()` -> the judge's held-out accuracy and the FD of held-out real images."""

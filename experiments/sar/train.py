@@ -62,7 +62,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def judge_stage(ctx, train, held) -> dict:
-  scorer = method.Scorer(ctx.config, train)
+  scorer = method.scorer(ctx.config, train)
   log.info("judge: %s", "read from the cache" if scorer.cached else "trained and cached")
   return scorer.floor(held, int(ctx.config.sample.num))
 
@@ -134,7 +134,7 @@ def sample_sar_stage(ctx, data, tok, train) -> dict:
   model = _ema_model(_fit(ctx, "sar", data, tok.grid))
   sampler = gen.GroupedSampler(model, head_steps=int(s.head_steps), shift=float(s.shift),
                                temperature=float(s.temperature), cfg=float(s.cfg))
-  scorer = method.Scorer(config, train)
+  scorer = method.scorer(config, train)
   labels = _labels(config)
   key = ctx.key()
   out = {}
@@ -164,7 +164,7 @@ def sample_regression_stage(ctx, data, tok, train) -> dict:
   config = ctx.config
   model = _ema_model(_fit(ctx, "regression", data, tok.grid))
   sampler = gen.RegressionSampler(model)
-  scorer = method.Scorer(config, train)
+  scorer = method.scorer(config, train)
   labels = _labels(config)
   toks = _batched(lambda y, i: sampler(y), labels, int(config.sample.batch_size), "sampling regression")
   images = np.asarray(tok.decode(toks), np.float32)

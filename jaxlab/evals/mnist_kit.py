@@ -123,7 +123,8 @@ class Kit:
   def __post_init__(self):
     self._f = jax.jit(lambda x: self.judge.features(x))
     self._head = jax.jit(lambda h: self.judge.out(h))
-    self._train_stats = frechet.feature_stats(self.features(self.train["image"]))
+    self._train_feats = self.features(self.train["image"])
+    self._train_stats = frechet.feature_stats(self._train_feats)
 
   def features(self, images, batch: int = 1000) -> np.ndarray:
     x = to_judge_input(images)
@@ -150,11 +151,10 @@ class Kit:
     """The FD floor: FD(held-out real, train) (class-balanced, 50 per class) and the spread of FD(n real, train)
     over `reps` draws of n of the 5,000 real digits, class-balanced or not (the training digits included, so a
     little below a generator's floor)."""
-    f_train = self.features(self.train["image"])
-    real = np.concatenate([self.features(self.test["image"]), f_train])
+    real = np.concatenate([self.features(self.test["image"]), self._train_feats])
     labels = np.concatenate([self.test["label"], self.train["label"]]) if balanced else None
     return {"held_fd": self.score(self.test["image"])["fd"],
-            "draws": noise_floor(real, f_train, n, reps, labels=labels)}
+            "draws": noise_floor(real, self._train_feats, n, reps, labels=labels)}
 
 
 def load(*, cache_dir: str = "", held_per_class: int = 50, split_seed: int = 0,
