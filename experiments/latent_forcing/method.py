@@ -3,7 +3,9 @@
 The model side is the shared core: `jaxlab.nn.dit.DiT` with two streams ("pixel", "latent") on one token grid,
 `jaxlab.diffusion.flow` (t = 1 clean; x-prediction; v-loss; Heun; the cascaded and balanced time tables),
 `jaxlab.diffusion.stream_times` (the official training-time samplers), `jaxlab.diffusion.guidance`,
-`jaxlab.encoders` (the frozen latents) and `jaxlab.evals.judge` (judge-feature Frechet distance, class entropy).
+`jaxlab.encoders` (the frozen latents) and the judge (judge-feature Frechet distance, class entropy): the 28x28
+MNIST kit (`jaxlab.evals.mnist_kit`, shared with every experiment on that data) or, for the 8x8 digits of v1
+(variant tiny_v1), `jaxlab.evals.judge` (the cached digits MLP shared with jit_digits).
 
 The loss of one batch (official `DenoiserCoT.forward`): times and per-example stream weights from the arm's
 training-time sampler; z_s = t_s x_s + (1 - t_s) eps_s; x_hat = DiT(z, t, y);
@@ -27,14 +29,16 @@ from flax import nnx
 
 from jaxlab import cache
 from jaxlab import metrics as metrics_lib
-from jaxlab.data import ArraySource, synthetic
+from jaxlab.data import ArraySource
+from jaxlab.data import mnist as mnist_lib
 from jaxlab.diffusion import flow, guidance
 from jaxlab.diffusion import generate as generate_lib
 from jaxlab.diffusion.stream_times import StreamTimes
 from jaxlab.encoders import LatentNormalizer, PixelDownsample, TinySemanticEncoder, encode_batched
 from jaxlab.encoders import train_semantic_encoder
 from jaxlab.errors import ConfigError
-from jaxlab.evals import judge as judge_lib
+from jaxlab.evals import frechet
+from jaxlab.evals import image_scorer
 from jaxlab.nn import dit
 from jaxlab.train import fit, optim
 
@@ -52,20 +56,27 @@ def arm_spec(arm: str) -> tuple[str, str, str]:
 
 
 def digits(config) -> tuple[dict, dict]:
-  """(train, held-out) sklearn digits in [-1, 1]: {"image": (N, 8, 8, 1) float32, "label": (N,) int32}."""
-  d = config.data
-  kw = dict(test_fraction=float(d.test_fraction), seed=int(d.split_seed), value_range=(-1.0, 1.0))
-  return synthetic.digits("train", **kw), synthetic.digits("test", **kw)
+  """(train, held-out) digit images in [-1, 1]: MNIST (data.name "mnist": 4,500 / 500, zero-padded to
+  data.pad_to) or sklearn's 8x8 digits ("digits") (`jaxlab.evals.image_scorer.splits`)."""
+  return image_scorer.splits(config.data)
 
 
 def digits_spec(config) -> dict:
-  """What the digits split depends on (the key of the cached judge and encoder, shared with jit_digits)."""
-  return {"name": "digits", "split_seed": int(config.data.split_seed),
-          "test_fraction": float(config.data.test_fraction)}
+  """What the 8x8 digits split depends on (the key of the cached judge and encoder)."""
+  return image_scorer.digits_spec(config.data)
+
+
+def data_spec(config) -> dict:
+  """What the training split depends on (the key of the cached semantic encoder): the MNIST split and its
+  padding (`jaxlab.data.mnist.spec`) or the digits split (`digits_spec`)."""
+  d = config.data
+  if d.name == "mnist":
+    return mnist_lib.spec(int(d.held_per_class), int(d.split_seed), int(d.pad_to))
+  return digits_spec(config)
 
 
 def image_size(config) -> int:
-  return 8 if config.data.name == "digits" else int(config.data.image_size)
+  return config_lib.image_size(config)
 
 
 def grid(config) -> tuple[int, int]:
@@ -76,19 +87,27 @@ def grid(config) -> tuple[int, int]:
 # ---------------------------------------------------------------------------------------------- judge
 
 
-def judge_config(config) -> judge_lib.JudgeConfig:
-  j = config.judge
-  return judge_lib.JudgeConfig(in_features=64, num_classes=int(config.data.num_classes), hidden=tuple(j.hidden),
-                               steps=int(j.steps), batch_size=int(j.batch_size), learning_rate=float(j.learning_rate),
-                               weight_decay=float(j.weight_decay), seed=int(config.data.split_seed))
+def scorer(config, train: dict) -> image_scorer.Scorer:
+  """The judge of the data split (`jaxlab.evals.image_scorer`: MNIST, the 28x28 kit's CNN, FD against its 4,500
+  training digits, 32 x 32 samples cropped to the centred 28 x 28; 8x8 digits, the digits judge MLP), built once
+  per process. Its floor draws n real digits at random, not class-balanced: the samples are unconditional."""
+  return image_scorer.scorer(config, train)
 
 
-def load_or_train_judge(config, train: dict):
-  """(judge, loaded from the cache): the digits judge of the data split (`jaxlab.evals.judge`)."""
-  judge, cached, _ = judge_lib.load_or_train(judge_config(config), train["image"], train["label"],
-                                             name="digits_judge", data_spec=digits_spec(config),
-                                             cache_dir=config.judge.cache_dir)
-  return judge, cached
+PIXEL_FD_SIDE = 8   # MNIST's pixel-space FD is taken on the images area-pooled to 8 x 8 (64 numbers, as the digits')
+
+
+def pixel_fd(config, samples: np.ndarray, train: dict) -> float:
+  """FD of the samples to the training images in pixel space (a judge-free check): the raw 64 pixels of the 8x8
+  digits; MNIST area-pooled to 8x8 first (1,024 raw pixels would need far more than the samples to estimate their
+  covariance)."""
+  def flat(x):
+    x = np.asarray(x, np.float32)
+    if config.data.name == "mnist":
+      f = x.shape[1] // PIXEL_FD_SIDE
+      x = x.reshape(len(x), PIXEL_FD_SIDE, f, PIXEL_FD_SIDE, f, -1).mean(axis=(2, 4))
+    return x.reshape(len(x), -1)
+  return frechet.frechet_from_features(flat(samples), flat(train["image"]))
 
 
 # -------------------------------------------------------------------------------------------- latents
@@ -110,7 +129,9 @@ def semantic_encoder(config, train: dict) -> tuple[TinySemanticEncoder, bool]:
             latent=s.latent,
             steps=int(s.steps),
             batch_size=int(s.batch_size), learning_rate=float(s.learning_rate), seed=int(s.seed))
-  file = cache.path("encoders", f"digits_semantic_{cache.digest({'data': digits_spec(config), **kw})}.npz",
+  spec = data_spec(config)    # the data split (and MNIST's padding) in the key: no 8x8 / MNIST collision
+  prefix = "digits" if config.data.name == "digits" else spec["name"]
+  file = cache.path("encoders", f"{prefix}_semantic_{cache.digest({'data': spec, **kw})}.npz",
                     config.judge.cache_dir)
 
   def abstract():
@@ -123,7 +144,8 @@ def semantic_encoder(config, train: dict) -> tuple[TinySemanticEncoder, bool]:
 def digits_latents(config, train: dict, kinds, held: dict | None = None) -> dict[str, Any]:
   """Latents of every training image for each kind in `kinds` ("semantic", "pixel"), on the token grid:
   {kind: (N, h, w, c) float32} (and {kind}_held for the held-out images when given) plus "semantic_acc" (the
-  encoder's training accuracy) and the semantic normaliser's statistics. The semantic latent is standardised per
+  encoder's training accuracy; "semantic_held_acc" on the held-out images when given) and the semantic
+  normaliser's statistics. The semantic latent is standardised per
   channel (training-image statistics) and rescaled to the pixels' RMS (latent.match_pixel_norm; the official
   0.485); the pixel-downsample latent is left in the pixels' own scale, as the official
   `PixelDownsampleEncoder` leaves it unnormalised."""
@@ -140,8 +162,11 @@ def digits_latents(config, train: dict, kinds, held: dict | None = None) -> dict
                                          _latent_grid(config, "semantic", g))
     out["semantic_mean"], out["semantic_std"] = norm.mean, norm.std
     out["semantic_scale"] = norm.scale
-    pred = np.asarray(jnp.argmax(nnx.jit(lambda m, v: m(v))(enc, jnp.asarray(x)), -1))
+    pred = encode_batched(lambda v: jnp.argmax(enc(v), -1), x)   # batched: 4,500 MNIST maps at once are large
     out["semantic_acc"] = float(np.mean(pred == np.asarray(train["label"])))
+    if held is not None:
+      pred = encode_batched(lambda v: jnp.argmax(enc(v), -1), parts["_held"])
+      out["semantic_held_acc"] = float(np.mean(pred == np.asarray(held["label"])))
   if "pixel" in kinds:
     pd = PixelDownsample(int(config.latent.pixel.factor), _latent_grid(config, "pixel", g))
     for k, v in parts.items():
@@ -166,7 +191,7 @@ def _latent_grid(config, kind: str, g: tuple[int, int]) -> tuple[int, int]:
 def latent_spec(config, kind: str, channels: int) -> LatentSpec:
   """The spec of latent `kind` ("none" borrows the semantic latent's shape, zeroed in the loss)."""
   src = "semantic" if kind == "none" else kind
-  if config.data.name != "digits" and src == "semantic":
+  if config.data.name == "imagenet2012" and src == "semantic":
     src = config.latent.full
   return LatentSpec(kind, int(channels), int(config.latent[src].patch))
 

@@ -2,16 +2,17 @@
 
 Launch: python -m jaxlab.main --config experiments/latent_forcing/config.py:tiny --workdir /tmp/latent_forcing
 
-Stages (digits):
-* "judge": the cached judge MLP of the data split (`jaxlab.evals.judge`); results: its held-out accuracy and
-  the floor FD(held-out real, train) in its features.
+Stages (MNIST, v2; the 8x8 digits of tiny_v1 alike):
+* "judge": the cached judge of the data split (MNIST: the 28x28 kit's CNN, `jaxlab.evals.mnist_kit`; digits: the
+  MLP of `jaxlab.evals.judge`); results: its held-out accuracy, the floor FD(held-out real, train) in its
+  features and, on MNIST, the FD of sample.num random real digits over 20 draws (the FD's sampling noise).
 * "latents": the frozen encoders' latents of every training image (the semantic encoder is trained once per
   data split and cached; the pixel-downsample latent is computed); arrays in stages/1_latents.npz.
 * "train_<arm>": `jaxlab.train.fit` of the arm's two-stream DiT in stages/<arm>/ (its own resumable run, the
   optimizer wrapped with `with_param_ema`); results: final losses, parameter count.
 * "sample_<arm>": sample.num samples per time table of the arm with the EMA weights (equal steps / NFE for every
   arm); results: FD to the training images, FD / floor, the judge's class-histogram entropy and confidence,
-  a few samples for the plot.
+  a few samples for the plot; the cascade arms also decode the held-out images' real latents.
 
 The full variant (ImageNet) runs "train_<arm>" and "sample_<arm>" only, with the latent encoded in the step
 by the frozen encoder held inside the model, and writes samples in ADM's evaluator layout (FID from local files).
@@ -26,8 +27,6 @@ import jax
 import numpy as np
 
 from jaxlab import data as data_lib
-from jaxlab.evals import frechet
-from jaxlab.evals import judge as judge_lib
 from jaxlab.nn import dit
 from jaxlab.train import fit, optim, run_stages
 from jaxlab.train import stages as stages_lib
@@ -54,11 +53,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
 
 
 def judge_stage(ctx, train, held) -> dict:
-  judge, cached = method.load_or_train_judge(ctx.config, train)
-  log.info("judge: %s", "read from the cache" if cached else "trained and cached")
-  s = judge_lib.score(judge, held["image"], train["image"])
-  return {"judge/held_acc": float(np.mean(s["pred"] == held["label"])), "fd_floor": s["fd"],
-          "entropy_floor": s["entropy"]}
+  scorer = method.scorer(ctx.config, train)
+  log.info("judge: %s", "read from the cache" if scorer.cached else "trained and cached")
+  return scorer.floor(held, int(ctx.config.sample.num), balanced=False)
 
 
 def _latent_kinds(config) -> set[str]:
@@ -72,6 +69,8 @@ def latents_stage(ctx, train, held) -> dict:
   if "semantic_acc" in out:
     res["latent/semantic_acc"] = out["semantic_acc"]
     res["latent/semantic_scale"] = out["semantic_scale"]
+  if "semantic_held_acc" in out:
+    res["latent/semantic_held_acc"] = out["semantic_held_acc"]
   return res
 
 
@@ -87,15 +86,26 @@ def _arm_model(ctx, arm) -> dit.DiTConfig:
   return method.dit_config(ctx.config, spec)
 
 
+_FITTED = {}   # (arm folder, arm, config) -> (FitResult, DiTConfig) of this process: the sample stage reuses the
+               # train stage's instead of restoring it (a restore compiles the state's init again)
+
+
 def _fit(ctx, arm, train):
   """`fit` of the arm's DiT in workdir/stages/<arm> (EMA in the optimizer state); a finished run is only
-  restored."""
+  restored (once per process)."""
   config = ctx.config
-  cfg = _arm_model(ctx, arm)
-  source = data_lib.ArraySource({"image": train["image"], "label": train["label"], "latent": _arm_latents(ctx, arm)})
-  return fit(config, os.path.join(ctx.workdir, "stages", arm), model_fn=lambda rngs: dit.DiT(cfg, rngs=rngs),
-             loss_fn=method.make_loss_fn(config, arm), train_source=source,
-             wrap_optimizer=lambda tx: optim.with_param_ema(tx, float(config.method.ema_decay))), cfg
+  path = os.path.join(ctx.workdir, "stages", arm)
+  key = (os.path.abspath(path), arm, config.to_json())
+  if key not in _FITTED:
+    cfg = _arm_model(ctx, arm)
+    source = data_lib.ArraySource({"image": train["image"], "label": train["label"],
+                                   "latent": _arm_latents(ctx, arm)})
+    ema = float(config.method.ema_decay)
+    result = fit(config, path, model_fn=lambda rngs: dit.DiT(cfg, rngs=rngs), loss_fn=method.make_loss_fn(config, arm),
+                 train_source=source, wrap_optimizer=lambda tx: optim.with_param_ema(tx, ema))
+    _FITTED.clear()
+    _FITTED[key] = (result, cfg)
+  return _FITTED[key]
 
 
 def train_stage(ctx, arm, train) -> dict:
@@ -113,7 +123,7 @@ def sample_stage(ctx, arm, train, held) -> dict:
   if config.sample.guidance == "autoguidance":
     lat = _arm_latents(ctx, arm)
     guide = method.load_guide(config, arm, method.latent_spec(config, method.arm_spec(arm)[1], lat.shape[-1]))
-  judge, _ = method.load_or_train_judge(config, train)
+  scorer = method.scorer(config, train)
   n = int(config.sample.num)
   labels = np.arange(n) % int(config.data.num_classes)
   tables = method.time_tables(config, arm)
@@ -124,12 +134,10 @@ def sample_stage(ctx, arm, train, held) -> dict:
   for name, table in tables.items():
     fd_key = method.config_lib.fd_key(arm, None if len(tables) == 1 else name)
     x = method.generate(config, arm, sampler, table, params, cfg, labels, key, ctx.mesh)
-    s = judge_lib.score(judge, x, train["image"])
+    s = scorer.score(x)
     suffix = fd_key[len("fd/"):]
     out.update({fd_key: s["fd"], f"fd_ratio/{suffix}": s["fd"] / floor, f"entropy/{suffix}": s["entropy"],
-                f"confidence/{suffix}": s["confidence"],
-                f"pixel_fd/{suffix}": frechet.frechet_from_features(x.reshape(n, -1),
-                                                                    train["image"].reshape(len(train["image"]), -1)),
+                f"confidence/{suffix}": s["confidence"], f"pixel_fd/{suffix}": method.pixel_fd(config, x, train),
                 f"samples/{suffix}": x[:PLOT_SAMPLES].astype(np.float32)})
   if method.arm_spec(arm)[2] == "cascade":   # the pixel phase from the held-out images' real latents (report)
     kind = method.arm_spec(arm)[1]
@@ -139,7 +147,7 @@ def sample_stage(ctx, arm, train, held) -> dict:
     k = int(config.sample.cascade_latent_steps)
     x = method.decode_latents(config, sampler, {s: v[k:] for s, v in table.items()}, params, cfg, real, labels,
                               key, ctx.mesh)
-    out[f"fd/{arm}/decode_heldout"] = judge_lib.score(judge, x, train["image"])["fd"]
+    out[f"fd/{arm}/decode_heldout"] = scorer.score(x)["fd"]
   return out
 
 
@@ -158,7 +166,7 @@ def _flat(tree, prefix=""):
 
 
 def _sample_grids(workdir, arms) -> dict[str, np.ndarray]:
-  """{arm[/sampler]: (n, 8, 8, 1) samples} saved by the sample stages of a run."""
+  """{arm[/sampler]: (n, s, s, 1) samples} saved by the sample stages of a run."""
   out = {}
   for i, arm in enumerate(arms):
     for k, v in _flat(stages_lib.stage_arrays(workdir, 3 + 2 * i, f"sample_{arm}")).items():

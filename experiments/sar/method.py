@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from jaxlab.ar import generate as gen
@@ -17,88 +16,22 @@ from jaxlab.ar import head as head_lib
 from jaxlab.ar import masks as masks_lib
 from jaxlab.ar import model as model_lib
 from jaxlab.ar import tokenizers
-from jaxlab.data import mnist as mnist_lib
-from jaxlab.data import synthetic
-from jaxlab.evals import judge as judge_lib
-from jaxlab.evals import mnist_kit
+from jaxlab.evals import image_scorer
 
 from . import config as config_lib
 
 
 def digits(config) -> tuple[dict, dict]:
-  """(train, held-out) images in [-1, 1]: {"image": (N, s, s, 1) float32, "label": (N,) int32}: MNIST (4,500 /
-  500, padded to data.pad_to) or sklearn's 8x8 digits (data.name)."""
-  d = config.data
-  if d.name == "mnist":
-    kw = dict(held_per_class=int(d.held_per_class), seed=int(d.split_seed), pad_to=int(d.pad_to))
-    return mnist_lib.mnist("train", **kw), mnist_lib.mnist("test", **kw)
-  kw = dict(test_fraction=float(d.test_fraction), seed=int(d.split_seed), value_range=(-1.0, 1.0))
-  return synthetic.digits("train", **kw), synthetic.digits("test", **kw)
+  """(train, held-out) digit images in [-1, 1]: MNIST (4,500 / 500, padded to data.pad_to) or sklearn's 8x8
+  digits (data.name; `jaxlab.evals.image_scorer.splits`)."""
+  return image_scorer.splits(config.data)
 
 
-_SCORERS = {}   # (judge settings, data split) -> the Scorer of this process (one judge load per run, not per stage)
-
-
-def scorer(config, train: dict) -> "Scorer":
-  """The `Scorer` of the config's judge and data split, built once per process."""
-  key = (config.judge.to_json(), config.data.to_json())
-  if key not in _SCORERS:
-    _SCORERS.clear()
-    _SCORERS[key] = Scorer(config, train)
-  return _SCORERS[key]
-
-
-class Scorer:
-  """The data's judge: `score(images, labels)` -> {"fd" (to the training images), "entropy", "judge_acc",
-  "confidence", "pred"}; `floor()` -> the judge's held-out accuracy and the FD of held-out real images."""
-
-  def __init__(self, config, train: dict):
-    self.config, self.train = config, train
-    j = config.judge
-    if config.data.name == "mnist":
-      jc = mnist_kit.JudgeConfig(steps=int(j.steps), batch_size=int(j.batch_size),
-                                 learning_rate=float(j.learning_rate), weight_decay=float(j.weight_decay))
-      self.kit = mnist_kit.load(cache_dir=j.cache_dir, held_per_class=int(config.data.held_per_class),
-                                split_seed=int(config.data.split_seed), judge=jc)
-      self.cached = self.kit.cached
-    else:
-      self.kit = None
-      self.judge, self.cached = load_or_train_judge(config, train)
-
-  def score(self, images, labels=None) -> dict:
-    if self.kit is not None:
-      return self.kit.score(images, labels)
-    s = judge_lib.score(self.judge, images, self.train["image"])
-    if labels is not None:
-      s["judge_acc"] = float(np.mean(s["pred"] == labels))
-    return s
-
-  def floor(self, held: dict, n: int) -> dict:
-    """{"judge/held_acc", "fd_floor" (held-out real vs train), "entropy_floor"} and, on MNIST, the FD of n
-    class-balanced real digits over 20 draws ("fd_floor_draws/mean", "/sd")."""
-    s = self.score(held["image"], held["label"])
-    out = {"judge/held_acc": s["judge_acc"], "fd_floor": s["fd"], "entropy_floor": s["entropy"]}
-    if self.kit is not None:
-      d = self.kit.floor(n=min(int(n), len(self.train["label"])), reps=20)["draws"]
-      out.update({"fd_floor_draws/n": d["n"], "fd_floor_draws/mean": d["mean"], "fd_floor_draws/sd": d["sd"]})
-    return out
-
-
-def digits_spec(config) -> dict:
-  """What the digits split depends on (the key of the cached judge, shared with jit_digits)."""
-  return {"name": "digits", "split_seed": int(config.data.split_seed),
-          "test_fraction": float(config.data.test_fraction)}
-
-
-def load_or_train_judge(config, train: dict):
-  """(judge, loaded from the cache): the digits judge of the data split."""
-  j = config.judge
-  jc = judge_lib.JudgeConfig(in_features=64, num_classes=int(config.data.num_classes), hidden=tuple(j.hidden),
-                             steps=int(j.steps), batch_size=int(j.batch_size), learning_rate=float(j.learning_rate),
-                             weight_decay=float(j.weight_decay), seed=int(config.data.split_seed))
-  judge, cached, _ = judge_lib.load_or_train(jc, train["image"], train["label"], name="digits_judge",
-                                             data_spec=digits_spec(config), cache_dir=j.cache_dir)
-  return judge, cached
+def scorer(config, train: dict) -> image_scorer.Scorer:
+  """The judge of the data split (`jaxlab.evals.image_scorer`: the 28x28 kit's CNN on MNIST, the digits judge
+  MLP on 8x8 digits), built once per process. Its floor draws class-balanced real digits, as the class-conditional
+  samples are balanced."""
+  return image_scorer.scorer(config, train)
 
 
 def tokenizer(config, train: dict):

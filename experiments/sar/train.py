@@ -64,7 +64,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
 def judge_stage(ctx, train, held) -> dict:
   scorer = method.scorer(ctx.config, train)
   log.info("judge: %s", "read from the cache" if scorer.cached else "trained and cached")
-  return scorer.floor(held, int(ctx.config.sample.num))
+  return scorer.floor(held, int(ctx.config.sample.num), balanced=True)
 
 
 _FITTED = {}   # (workdir, arm) -> FitResult of this process (later stages reuse it instead of restoring again)

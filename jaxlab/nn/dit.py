@@ -266,13 +266,19 @@ class Block(nnx.Module):
       self.cv = _dense(c.context_dim, (heads, hd), (None, "heads", None), c, rngs)
       self.co = _dense((heads, hd), width, ("heads", None, "embed"), c, rngs, zero=True)
 
-  def __call__(self, h, cond, pos, context=None, context_mask=None, logit_hook=None):
+  def __call__(self, h, cond, pos, context=None, context_mask=None, logit_hook=None, self_logit_hook=None):
+    """`logit_hook` / `self_logit_hook`: functions of the float32 pre-softmax logits (B, H, L, S) of the cross- /
+    self-attention (`cross_attention`); unset, the self-attention is the fused `attention_lib.attention`."""
     rows, cols = pos
     sa, ca, ga, sm, cm, gm = [m[:, None] for m in jnp.moveaxis(self.ada(jax.nn.silu(cond)), 1, 0)]
     x = _rms(h) * (1 + ca) + sa
     q, k, v = self.q(x), self.k(x), self.v(x)
     q, k = rope_2d(_rms(q, self.q_norm), rows, cols, self.theta), rope_2d(_rms(k, self.k_norm), rows, cols, self.theta)
-    h = h + ga * self.o(attention_lib.attention(q, k, v, causal=False, impl=self.impl)).astype(h.dtype)
+    if self_logit_hook is None:
+      a = attention_lib.attention(q, k, v, causal=False, impl=self.impl)
+    else:                   # the logits made explicit for the hook (an attention editor's source interpolation)
+      a = cross_attention(q, k, v, None, self_logit_hook)
+    h = h + ga * self.o(a).astype(h.dtype)
     if self.cross and context is not None:
       h = h + self.co(cross_attention(self.cq(_rms(h)), self.ck(context), self.cv(context), context_mask,
                                       logit_hook)).astype(h.dtype)
@@ -365,9 +371,11 @@ class DiT(nnx.Module):
 
   def __call__(self, x: Mapping[str, jax.Array], t: Mapping[str, jax.Array], y: jax.Array, *,
                context: jax.Array | None = None, context_mask: jax.Array | None = None,
-               logit_hook: Callable | None = None) -> dict[str, jax.Array]:
+               logit_hook: Callable | None = None,
+               self_logit_hook: Callable | None = None) -> dict[str, jax.Array]:
     """Predicted clean streams {name: (B, H, W, C)} from noisy ones at times t {name: (B,)} and labels y (B,)
-    (the null class `num_classes` for the unconditional branch)."""
+    (the null class `num_classes` for the unconditional branch). `logit_hook` / `self_logit_hook` see every
+    block's cross- / self-attention logits (`Block`); with neither the network is unchanged."""
     c = self.config
     dt = jnp.dtype(c.dtype)
     for n, _, _ in c.streams:
@@ -382,7 +390,7 @@ class DiT(nnx.Module):
     rows = jnp.repeat(jnp.arange(gh), gw)
     cols = jnp.tile(jnp.arange(gw), gh)
     kw = dict(context=None if context is None else context.astype(dt), context_mask=context_mask,
-              logit_hook=logit_hook)
+              logit_hook=logit_hook, self_logit_hook=self_logit_hook)
     h = self.pre(h, cond, (rows, cols), c, **kw)
     n_ctx = c.class_tokens
     if n_ctx:

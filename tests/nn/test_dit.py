@@ -135,6 +135,26 @@ def test_cross_attention_logit_hook():
   assert float(jnp.abs(only_first["pixel"] - base["pixel"]).max()) > 1e-5
 
 
+
+def test_self_attention_logit_hook():
+  """Unset, the fused attention runs (bit-identical); set, the hook sees every block's self-attention logits
+  (B, heads, L, L) and an identity hook reproduces the fused attention."""
+  m = _perturbed(_model())
+  x, t, y = _inputs()
+  seen = []
+
+  def hook(logits):
+    seen.append(logits.shape)
+    return logits
+  base = nnx.jit(lambda m, x, t, y: m(x, t, y))(m, x, t, y)
+  unset = nnx.jit(lambda m, x, t, y: m(x, t, y, self_logit_hook=None))(m, x, t, y)
+  np.testing.assert_array_equal(unset["pixel"], base["pixel"])
+  same = nnx.jit(lambda m, x, t, y: m(x, t, y, self_logit_hook=hook))(m, x, t, y)
+  assert set(seen) == {(2, 2, 9, 9), (2, 2, 11, 11)}          # before / after the 2 class tokens join
+  np.testing.assert_allclose(same["pixel"], base["pixel"], rtol=1e-5, atol=1e-6)
+  own = nnx.jit(lambda m, x, t, y: m(x, t, y, self_logit_hook=lambda l: l + 1e9 * jnp.eye(l.shape[-1])))(m, x, t, y)
+  assert float(jnp.abs(own["pixel"] - base["pixel"]).max()) > 1e-5   # each token attends to itself only
+
 def _step(md, params, batch, key):
   def loss(p):
     model = md.merge(p, {})
