@@ -115,17 +115,20 @@ class TextToSpec(nnx.Module):
                                 rngs=rngs) if config.pooled else None)
 
   def __call__(self, x: jax.Array, t: jax.Array, tokens: jax.Array, *, controller: ctl.Controller | None = None,
-               ctx: dict | None = None) -> jax.Array:
+               ctx: dict | None = None, self_controller: ctl.Controller | None = None) -> jax.Array:
+    """`controller` / `self_controller`: attention controllers (`jaxlab.diffusion.controllers`) of every block's
+    cross- / self-attention logits, both seeing `ctx` and the block index; with neither, no hook is passed."""
     c = self.config
     if x.ndim != 3 or tuple(x.shape[1:]) != (c.freq, c.frames):
       raise DataError(f"TextToSpec: x must be (batch, {c.freq}, {c.frames}) spectrograms, got {tuple(x.shape)}")
     if tokens.ndim != 2 or tokens.shape[0] != x.shape[0]:
       raise DataError(f"TextToSpec: tokens must be (batch={x.shape[0]}, length) ids, got {tuple(tokens.shape)}")
-    if controller is not None and c.scan_layers:
+    if (controller is not None or self_controller is not None) and c.scan_layers:
       raise ConfigError("TextToSpec: attention controllers need SpecConfig(scan_layers=False) (blocks unrolled)")
     tokens = jnp.asarray(tokens, jnp.int32)
     context = self.tokens(jnp.maximum(tokens, 0))
     hook = None if controller is None else ctl.LayerHook(controller, t, ctx)
+    self_hook = None if self_controller is None else ctl.LayerHook(self_controller, t, ctx)
     t = jnp.asarray(t)
     mask = tokens >= 0
     if self.pool is not None:
@@ -134,7 +137,8 @@ class TextToSpec(nnx.Module):
     else:
       pooled = jnp.zeros((x.shape[0], c.hidden), jnp.float32)
     out = self.net({"spec": x[..., None]}, {"spec": t.astype(jnp.float32) / c.num_train_steps}, pooled,
-                   context=context, context_mask=mask, logit_hook=hook)
+                   context=context, context_mask=mask, logit_hook=hook,
+                   **({} if self_hook is None else {"self_logit_hook": self_hook}))
     return out["spec"][..., 0]
 
 
@@ -171,9 +175,9 @@ def token_map(m: jax.Array, config: SpecConfig) -> jax.Array:
 
 
 def denoiser(model: TextToSpec, tokens: jax.Array, *, controller: ctl.Controller | None = None,
-             ctx: dict | None = None):
+             ctx: dict | None = None, self_controller: ctl.Controller | None = None):
   """`fn(x, t)` of the model at fixed prompts (for `jaxlab.diffusion.ddpm`)."""
-  return lambda x, t: model(x, t, tokens, controller=controller, ctx=ctx)
+  return lambda x, t: model(x, t, tokens, controller=controller, ctx=ctx, self_controller=self_controller)
 
 
 def guided_denoiser(model: TextToSpec, tokens: jax.Array, scale, *, controller: ctl.Controller | None = None,
@@ -194,14 +198,15 @@ def guided_denoiser(model: TextToSpec, tokens: jax.Array, scale, *, controller: 
 
 
 def paired_guided_denoiser(model: TextToSpec, tokens: jax.Array, scale, *, controller: ctl.Controller | None = None,
-                           ctx: dict | None = None):
+                           ctx: dict | None = None, self_controller: ctl.Controller | None = None):
   """Classifier-free guidance on a [source; target] batch of 2P edit pairs, with the model's batch laid out as
   [source cond; source uncond; target cond; target uncond] so that a pair controller (`controllers.calibrate`,
   `controllers.inject_source`), which splits the batch into halves, sees the source branches in its first half
   and the matching target branches in its second. `scale` a float or (2P,) ([source scales; target scales]);
   `ctx` entries with a leading axis of P (per pair) are repeated for the two guidance branches.
 
-  (`guided_denoiser` lays the batch out as [cond; uncond], which is what single-prompt controllers expect.)"""
+  (`guided_denoiser` lays the batch out as [cond; uncond], which is what single-prompt controllers expect.)
+  `self_controller` sees the self-attention logits in the same layout."""
   c = model.config
 
   def fn(x, t):
@@ -215,7 +220,7 @@ def paired_guided_denoiser(model: TextToSpec, tokens: jax.Array, scale, *, contr
         k: (jnp.concatenate([v, v]) if hasattr(v, "shape") and v.ndim and v.shape[0] == p else v)
         for k, v in ctx.items()}
     out = model(quarter(x, x), quarter(t, t), jnp.concatenate([tokens[:p], null, tokens[p:], null]),
-                controller=controller, ctx=pair_ctx)
+                controller=controller, ctx=pair_ctx, self_controller=self_controller)
     sc, su, tc, tu = jnp.split(out, 4)
     cond, uncond = jnp.concatenate([sc, tc]), jnp.concatenate([su, tu])
     return ddpm.cfg(lambda *_: cond, lambda *_: uncond, scale)(x, t)

@@ -27,6 +27,13 @@ model passes no hook at all, so outputs are bit-identical to an uncontrolled mod
                                                outside the stem; kept as an option)
   in the chosen layers and timestep range. `mode="probs"` applies the same rule after the softmax (a negative
   control: the paper calibrates before it).
+* `stem_bias` and `interpolate_source`: the official code's layout of the same two operations (Ltx-Leif/
+  polyphonia, `edit.py` `_masked_cross_attention` and `utils.py` `apply_asr`): the bias + gamma G_g on the
+  word-aligned cross-attention for EVERY stem phrase g of the target prompt, each with its own stem's prior, and no
+  interpolation there; the source interpolation on the SELF-attention logits instead (the edited stem's prior per
+  query, the source branch's queries and keys, the edited branch's values). A controller sees whichever logits the
+  model hands it: `jaxlab.audio.model.TextToSpec` takes one controller for the cross- and one for the
+  self-attention.
 * `compose`: controllers applied in order.
 """
 
@@ -145,6 +152,63 @@ def calibrate(*, gamma: float = 1.0, eps: float = 1e-2, layers: Sequence[int] | 
       new = jnp.log((1.0 - m) * ps + m * pt + 1e-30) + shift
     on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
     return jnp.concatenate([src, jnp.where(on, new, tgt)], axis=0)
+  return control
+
+
+def _layer_filter(layers: Sequence[int] | None):
+  keep = None if layers is None else {int(i) for i in layers}
+  return lambda layer: keep is None or layer in keep
+
+
+def stem_bias(*, gamma: float, layers: Sequence[int] | None = None,
+              t_range: tuple[int, int] | None = None) -> Controller:
+  """The official per-stem acoustic modulation on a [source; target] batch: in the target half, the logit of
+  context position j for query l gains gamma * G[b, j, l], G the prior of the stem whose phrase sits at j; linear
+  in G, every stem at once, no interpolation; the source half is unchanged.
+
+  ctx: "stem_priors" (B/2, S, L) float in [0, 1]: per prompt position the prior of its stem pooled to the
+  layer's query tokens (0 where a position names no stem: nothing is added there)."""
+  if gamma < 0:
+    raise ConfigError(f"stem_bias: gamma={gamma} must be >= 0")
+  active = _layer_filter(layers)
+
+  def control(logits, layer, step, ctx):
+    if not active(layer):
+      return logits
+    if "stem_priors" not in ctx:
+      raise ConfigError("stem_bias: ctx needs 'stem_priors' (pairs, prompt positions, queries)")
+    src, tgt = _halves(logits)
+    g = jnp.asarray(ctx["stem_priors"], jnp.float32)
+    if g.shape != (tgt.shape[0], tgt.shape[3], tgt.shape[2]):
+      raise ConfigError(f"stem_bias: stem_priors {g.shape} must be (pairs={tgt.shape[0]}, positions="
+                        f"{tgt.shape[3]}, queries={tgt.shape[2]})")
+    on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
+    new = tgt + gamma * jnp.swapaxes(g, 1, 2)[:, None]
+    return jnp.concatenate([src, jnp.where(on, new, tgt)], axis=0)
+  return control
+
+
+def interpolate_source(*, layers: Sequence[int] | None = None,
+                       t_range: tuple[int, int] | None = None) -> Controller:
+  """The official source interpolation (`apply_asr`) on a [source; target] batch: the target half's logits become
+  (1 - G) l_src + G l_tgt per query token (inside the edited stem the target's attention, outside it the
+  source's); meant for the self-attention logits (B, heads, L, L). ctx: "prior" (B/2, L) in [0, 1], the edited
+  stem's prior in the model's token order. Equal to `calibrate(gamma=0, modulation="linear")`."""
+  active = _layer_filter(layers)
+
+  def control(logits, layer, step, ctx):
+    if not active(layer):
+      return logits
+    if "prior" not in ctx:
+      raise ConfigError("interpolate_source: ctx needs 'prior' (pairs, queries)")
+    src, tgt = _halves(logits)
+    prior = jnp.asarray(ctx["prior"], jnp.float32)
+    if prior.shape != (tgt.shape[0], tgt.shape[2]):
+      raise ConfigError(f"interpolate_source: prior {prior.shape} must be (pairs={tgt.shape[0]}, queries="
+                        f"{tgt.shape[2]})")
+    m = prior[:, None, :, None]
+    on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
+    return jnp.concatenate([src, jnp.where(on, (1.0 - m) * src + m * tgt, tgt)], axis=0)
   return control
 
 

@@ -250,14 +250,16 @@ def sdedit(fn: Denoiser, schedule: Schedule, x0: jax.Array, key: jax.Array, *, n
 
 
 def ddim_invert(fn: Denoiser, schedule: Schedule, x0: jax.Array, *, num_steps: int,
-                start: int | None = None) -> jax.Array:
+                start: int | None = None, clip: tuple[float, float] | None = None) -> jax.Array:
   """Deterministic DDIM inversion: from the clean x0 up to the first level of the last `start` steps.
 
   Step from level p (below; the clean level first) to level t (above), as in the null-text inversion code
   (Mokady et al. 2023): the model is evaluated at (x_p, t), eps_hat read from its output at t's level, then
   x0_hat = (x_p - sqrt(1 - abar_p) eps_hat) / sqrt(abar_p) and x_t = sqrt(abar_t) x0_hat + sqrt(1 - abar_t)
   eps_hat. Running `reverse` with eta = 0 from the result approximately returns x0: the error is the scheme's
-  first-order discretisation error (eps_hat is taken at the lower level), vanishing as the step count grows."""
+  first-order discretisation error (eps_hat is taken at the lower level), vanishing as the step count grows.
+  `clip` = (lo, hi): the x0 estimate at each model call clipped as `reverse` clips it (eps re-derived from it), so
+  an inversion and a clipped reverse use the same denoiser."""
   ts = timesteps(schedule, num_steps, start)[::-1].copy()          # ascending
   ab = schedule.alphas_cumprod
   tab = {"t": jnp.asarray(ts, jnp.int32), "ab": jnp.asarray(ab[ts], jnp.float32),
@@ -265,7 +267,9 @@ def ddim_invert(fn: Denoiser, schedule: Schedule, x0: jax.Array, *, num_steps: i
 
   def step(x, row):
     t = jnp.full((x.shape[0],), row["t"], jnp.int32)
-    eps = split(fn(x, t), x, row["ab"], schedule.prediction)[1]
+    x0m, eps = split(fn(x, t), x, row["ab"], schedule.prediction)
+    if clip is not None:
+      eps = (x - jnp.sqrt(row["ab"]) * jnp.clip(x0m, clip[0], clip[1])) / jnp.sqrt(1.0 - row["ab"])
     x0h = (x - jnp.sqrt(1.0 - row["ab_low"]) * eps) / jnp.sqrt(row["ab_low"])
     return jnp.sqrt(row["ab"]) * x0h + jnp.sqrt(1.0 - row["ab"]) * eps, None
   return jax.lax.scan(step, x0, tab)[0]

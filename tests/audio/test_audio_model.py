@@ -88,6 +88,25 @@ def test_no_op_controller_is_bit_identical_and_sees_every_layer():
     m(x, t, tokens, controller=lambda lg, *_: lg[..., :1])
 
 
+
+def test_self_attention_controller_sees_every_block_and_the_identity_keeps_the_output():
+  """`self_controller` gets each block's self-attention logits (B, heads, L, L) with the block index and ctx; the
+  identity reproduces the fused attention (to float rounding: the logits are made explicit)."""
+  m = random_model()
+  x, tokens = batch()
+  t = jnp.asarray([3, 10, 50, 99])
+  plain = jax.jit(lambda x: m(x, t, tokens))(x)
+  seen = []
+
+  def spy(logits, layer, step, ctx):
+    seen.append((layer, logits.shape, ctx["tag"]))
+    return logits
+  same = m(x, t, tokens, self_controller=spy, ctx={"tag": "s"})
+  assert seen == [(i, (4, CFG.heads, 16, 16), "s") for i in range(CFG.depth)]
+  np.testing.assert_allclose(np.asarray(same), np.asarray(plain), rtol=1e-5, atol=1e-5)
+  own = m(x, t, tokens, self_controller=lambda lg, *_: lg + 1e9 * jnp.eye(lg.shape[-1]))
+  assert float(jnp.max(jnp.abs(own - plain))) > 1e-4
+
 def test_inject_source_copies_the_chosen_columns():
   logits = jax.random.normal(jax.random.key(0), (4, 2, 3, 3))
   step = jnp.asarray([10, 10, 10, 60])

@@ -109,3 +109,45 @@ def test_errors():
     ctl.calibrate()(logits, 0, np.zeros(6), {"prior": prior[:, :2], "target": target})
   with pytest.raises(ConfigError, match="halves"):
     ctl.calibrate()(logits[:5], 0, np.zeros(5), {"prior": prior, "target": target})
+
+
+def test_official_stem_bias_matches_a_brute_force_loop():
+  """`stem_bias` (the official `_masked_cross_attention`): + gamma G_j[q] on every stem's token j, each with its
+  own prior, no interpolation; the source half untouched; gated by layer and step."""
+  rng = np.random.default_rng(7)
+  b, h, l, s = 3, 2, 5, 4
+  logits = rng.normal(size=(2 * b, h, l, s)).astype(np.float32)
+  g = rng.uniform(size=(b, s, l)).astype(np.float32)
+  out = np.asarray(ctl.stem_bias(gamma=2.5)(logits, 0, np.full(2 * b, 10), {"stem_priors": g}))
+  want = np.array(logits[b:], np.float64)
+  for i in range(b):
+    for k in range(h):
+      for q in range(l):
+        for j in range(s):
+          want[i, k, q, j] += 2.5 * g[i, j, q]
+  np.testing.assert_array_equal(out[:b], logits[:b])
+  np.testing.assert_allclose(out[b:], want, rtol=1e-6, atol=1e-6)
+  off = ctl.stem_bias(gamma=2.5, layers=(1,), t_range=(0, 5))
+  np.testing.assert_array_equal(np.asarray(off(logits, 0, np.full(2 * b, 3), {"stem_priors": g})), logits)
+  np.testing.assert_array_equal(np.asarray(off(logits, 1, np.full(2 * b, 9), {"stem_priors": g})), logits)
+  with pytest.raises(ConfigError, match="stem_priors"):
+    ctl.stem_bias(gamma=1.0)(logits, 0, np.zeros(2 * b), {"stem_priors": g[:, :, :2]})
+  with pytest.raises(ConfigError, match="gamma"):
+    ctl.stem_bias(gamma=-1.0)
+
+
+def test_official_source_interpolation_matches_the_loop_and_calibrate():
+  """`interpolate_source` (the official `apply_asr`): (1 - G) l_src + G l_tgt per query, on any (B, H, L, S)
+  logits, e.g. the self-attention's L x L; equal to `calibrate(gamma=0, modulation="linear")`."""
+  rng = np.random.default_rng(8)
+  b, h, l = 2, 3, 6
+  logits = rng.normal(size=(2 * b, h, l, l)).astype(np.float32)
+  prior = rng.uniform(size=(b, l)).astype(np.float32)
+  out = np.asarray(ctl.interpolate_source()(logits, 0, np.zeros(2 * b), {"prior": prior}))
+  want = _brute(logits[:b], logits[b:], prior, np.zeros(b, np.int32), 0.0, 1.0, "linear")
+  np.testing.assert_allclose(out[b:], want, rtol=1e-6, atol=1e-6)
+  same = ctl.calibrate(gamma=0.0, modulation="linear")(logits, 0, np.zeros(2 * b), {"prior": prior,
+                                                                                    "target": np.zeros(b, int)})
+  np.testing.assert_array_equal(out, np.asarray(same))
+  with pytest.raises(ConfigError, match="prior"):
+    ctl.interpolate_source()(logits, 0, np.zeros(2 * b), {})

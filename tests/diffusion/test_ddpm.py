@@ -128,6 +128,30 @@ def test_ddim_inversion_of_a_gaussian_is_exact_up_to_its_discretisation():
   assert float(jnp.max(jnp.abs(back - x0))) < 0.05
 
 
+
+def test_ddim_inversion_clips_the_x0_estimate_as_reverse_does():
+  """With `clip`, each step's x0 estimate is clipped and eps re-derived from it (a float64 loop); a clip that
+  never binds changes nothing."""
+  s = ddpm.Schedule(num_train_steps=1000, final_alpha="one")
+  fn = gaussian_eps(s)
+  x0 = M + S * jax.random.normal(jax.random.key(1), (32, 3))
+  ts = ddpm.timesteps(s, 20)
+  wide = np.asarray(ddpm.ddim_invert(fn, s, x0, num_steps=20, clip=(-1e6, 1e6)))
+  np.testing.assert_allclose(wide, np.asarray(ddpm.ddim_invert(fn, s, x0, num_steps=20)), rtol=1e-6, atol=1e-6)
+  lo, hi = M - 0.5 * S, M + 0.5 * S
+  ab = s.alphas_cumprod
+  asc = ts[::-1]
+  x = np.asarray(x0, np.float64)
+  for t, a_low in zip(asc, np.concatenate([[s.final], ab[asc[:-1]]])):
+    a = ab[t]
+    eps = np.sqrt(1 - a) * (x - np.sqrt(a) * M) / (a * S * S + 1 - a)
+    x0c = np.clip((x - np.sqrt(1 - a) * eps) / np.sqrt(a), lo, hi)
+    eps = (x - np.sqrt(a) * x0c) / np.sqrt(1 - a)
+    x = np.sqrt(a) * (x - np.sqrt(1 - a_low) * eps) / np.sqrt(a_low) + np.sqrt(1 - a) * eps
+  got = np.asarray(ddpm.ddim_invert(fn, s, x0, num_steps=20, clip=(lo, hi)))
+  np.testing.assert_allclose(got, x, rtol=1e-4, atol=1e-4)
+  assert float(np.max(np.abs(got - wide))) > 1e-2
+
 @pytest.mark.parametrize("prediction", ["eps", "v"])
 def test_ancestral_sampling_of_a_gaussian(prediction):
   s = ddpm.Schedule(num_train_steps=1000, prediction=prediction)
