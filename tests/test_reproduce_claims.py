@@ -11,8 +11,8 @@ NOT_REPRODUCED = {
     "df_mamba": "zero-shot length transfer (claim longer_helps) fails; see its README",
     "focus_dilution": ("the cycle claim (>= 10 of 12 fresh chains with the whole cycle, trained W_V) fails: 3/12; "
                        "S1 and control pass (5/6); see its README"),
-    "latent_forcing": ("the cascade's FD is not <= 0.85x pixel-only's at 8x8 (1.30x; claims lf_vs_pixel and "
-                       "lf_every_seed fail, 3/5 pass); see its README"),
+    "latent_forcing": ("claims v2 (MNIST): the ordering gap is not larger with the semantic latent than with the "
+                       "8x8 thumbnail (semantic_gap lower bound -0.114, not > 0); 3/4 pass; see its README"),
     "moe_calibration": ("claim 3's robust_cut fails: Robust MoE's worst-shift ECE is 1.36x MoCaE's, not <= 0.7x "
                         "(7/8 pass); see its README"),
     "sc_milp": ("upstream_gain (+1.9 points, not +3; its bootstrap interval is above 0) and small_data_gain (+1.6, "
