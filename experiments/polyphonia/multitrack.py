@@ -113,9 +113,25 @@ def run(config, workdir: str) -> dict:
       prior = np.stack(prior)
     else:
       prior = oracle
-    prior = np.asarray(prior) ** float(c.separator.exponent)      # the prior G (the paper's sqrt of the power mask)
+    expo = float(c.separator.exponent)
+    # the official layout biases every stem phrase of the target prompt with its own prior: position 0 the edited
+    # stem's; the others, with prior=oracle, their own stems' masks, with Demucs in two-stem mode the complement
+    # of the edited stem's (a two-stem separator does not tell the other stems apart)
+    positions = np.zeros((len(rows), tgt_tok.shape[1]) + prior.shape[1:], np.float32)
+    positions[:, 0] = prior
+    for j in range(1, tgt_tok.shape[1]):
+      for k in range(len(rows)):
+        if tgt_tok[k, j] < 0:
+          continue
+        if c.data.prior == "oracle":
+          w = waves[stems[tgt_tok[k, j]]][rows[k]]
+          positions[k, j] = np.asarray(fspec.stem_mask(w, waves["mix"][rows[k]] - w))
+        else:
+          positions[k, j] = 1.0 - prior[k]
+    prior = np.asarray(prior) ** expo      # the prior G (the paper's sqrt of the power mask)
+    given = {"imperfect": prior, "imperfect_positions": np.clip(positions, 0.0, 1.0) ** expo}
     with progress.bar(total=len(rows) * len(ARMS), desc="edits (tasks x arms)") as bar:
-      edits = method.run_arms(c, model, src_spec[rows], src_tok, tgt_tok, {"imperfect": prior}, ctx.key(), mean,
+      edits = method.run_arms(c, model, src_spec[rows], src_tok, tgt_tok, given, ctx.key(), mean,
                               std, arms=ARMS, bar=bar)
     keep = oracle < config_lib.NONTARGET_MASK
     out = {f"lsd_nontarget/{a}": float(np.nanmean(audio_metrics.log_spectral_distance(y, src_spec[rows], mask=keep)))

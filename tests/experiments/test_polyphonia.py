@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+import jax
 import numpy as np
 import pytest
 from scipy.io import wavfile
@@ -34,8 +35,10 @@ def test_end_to_end_and_resume(tmp_path):
   assert s["stages"] == ["classifier", "train", "tasks", "edit"]
   assert s["tasks/num"] == 12 and s["acc/held_real"] >= 0.9 and s["acc/truth"] >= 0.75
   exp = registry.load(NAME)
-  for a in exp.train_module.method.ARMS:
-    for m in ("lsd_nontarget", "acc", "lsd_truth"):
+  method = exp.train_module.method
+  assert all(f"acc/{a}" not in s for a in method.NEGATIVES)       # v1's controls: not under the official layout
+  for a in method.MAIN_ARMS + method.ABLATIONS:
+    for m in ("lsd_nontarget", "lsd_nontarget_truth", "acc", "lsd_truth"):
       assert np.isfinite(s[f"{m}/{a}"]) and s[f"{m}/{a}"] >= 0, (m, a)
   for c in exp.config_module.CLAIMS:       # every claim's statistic is computable from the summaries
     r = c.check([s, s])
@@ -83,19 +86,53 @@ def test_negative_control_priors():
   assert not np.allclose(swapped, right)
 
 
+def test_official_layout_priors_and_blocks():
+  """Every stem phrase gets its own prior on the token grid (position 0 the edited stem's, 1 the drums'); the
+  self-attention prior is the edited stem's; the calibrated blocks are the first half (the down blocks)."""
+  exp = registry.load(NAME)
+  method = exp.train_module.method
+  c = exp.get_config("tiny")
+  cfg = method.sd.spec_config(c)
+  rng = np.random.default_rng(1)
+  raw = rng.uniform(size=(3, cfg.freq, cfg.frames)).astype(np.float32)
+  prior = {"imperfect": raw ** 0.5, "imperfect_drums": (1 - raw) ** 0.5}
+  self_prior, per = method.stem_token_priors(prior, "imperfect", cfg, raw.shape)
+  assert per.shape == (3, cfg.max_tokens, cfg.grid[0] * cfg.grid[1])
+  np.testing.assert_allclose(per[:, 0], method.token_prior(prior["imperfect"], cfg, "polyphonia"), atol=1e-6)
+  np.testing.assert_allclose(per[:, 1], method.token_prior(prior["imperfect_drums"], cfg, "polyphonia"), atol=1e-6)
+  np.testing.assert_array_equal(self_prior, per[:, 0])
+  ones = method.stem_token_priors(prior, "ones", cfg, raw.shape)[1]
+  assert np.all(ones == 1.0)
+  assert method.down_blocks(c) == (0, 1)
+  assert method.down_blocks(exp.get_config("tiny", {"calibration.blocks": "all"})) is None
+  assert method.down_blocks(exp.get_config("tiny", {"calibration.layers": (3,)})) == (3,)
+  cross, self_c, which = method._controller(c, "gamma0", cfg.max_tokens)
+  assert cross is None and self_c is not None and which == "imperfect"
+  t = method.make_tasks(exp.get_config("tiny", {"tasks.num_clips": 2}), 0)
+  p = method.priors(c, t, jax.random.key(0))
+  np.testing.assert_allclose(p["oracle"] ** 2 + p["oracle_drums"] ** 2, 1.0, atol=1e-5)   # the two stems' shares
+
+
 def test_bad_config_is_a_clear_error():
   exp = registry.load(NAME)
   for over, match in (({"model.pooled": True}, "pooled=False"),
                       ({"model.scan_layers": True}, "unrolled"),
                       ({"edit.start": 60}, "must be in \\[1, steps"),
-                      ({"edit.eta": 0.0}, "needs eta > 0"),
+                      ({"edit.inversion": "edit_friendly", "edit.eta": 0.0}, "needs eta > 0"),
+                      ({"edit.inversion": "ddpm"}, "use one of ddim_null, edit_friendly"),
+                      ({"diffusion.prompt_drop": 0.0, "edit.inversion": "ddim_null", "edit.cfg_tar": 1.0},
+                       "empty prompt"),
+                      ({"edit.sdedit_frac": 0.0}, "sdedit_frac"),
+                      ({"calibration.layout": "paper"}, "layout='paper'"),
+                      ({"calibration.blocks": "up"}, "down \\| all"),
                       ({"calibration.layers": (7,)}, "not in \\[0, model.depth"),
                       ({"calibration.eps": 0.0}, "eps > 0"),
                       ({"calibration.modulation": "exp"}, "modulation linear \\| log"),
                       ({"injection.tokens": "stem"}, "must be all \\| others"),
                       ({"separator.exponent": 0.0}, "square root"),
                       ({"data.num_pitched": 2}, "num_pitched=1"),
-                      ({"diffusion.prompt_drop": 0.0, "edit.cfg_tar": 1.5}, "unconditional branch"),
+                      ({"diffusion.prompt_drop": 0.0, "edit.cfg_tar": 1.5, "edit.inversion": "edit_friendly"},
+                       "unconditional branch"),
                       ({"data.name": "musdb"}, "use one of")):
     with pytest.raises(ConfigError, match=match):
       exp.get_config("tiny", over)
@@ -103,9 +140,13 @@ def test_bad_config_is_a_clear_error():
 
 def test_variants_build():
   exp = registry.load(NAME)
-  for v in ("tiny", "small", "full"):
+  for v in ("tiny", "tiny_v1", "small", "full"):
     c = exp.get_config(v)
     assert c.data.name == ("multitrack" if v == "full" else "synth")
+    want = {"tiny_v1": ("v1", "edit_friendly"), "full": ("official", "ddim_null")}.get(v, ("official",
+                                                                                          "edit_friendly"))
+    assert (c.calibration.layout, c.edit.inversion) == want
+  assert exp.train_module.method.arms_of(exp.get_config("tiny_v1")) == exp.train_module.method.ARMS
   with pytest.raises(ConfigError, match="config.data.path"):
     exp.config_module.require_data(exp.get_config("full"))
   with pytest.raises(ConfigError, match="prior="):
@@ -143,3 +184,26 @@ def test_multitrack_path_trains_and_edits(tmp_path):
 @pytest.mark.slow
 def test_sigterm_resume(tmp_path):
   check_sigterm_resume(NAME, tmp_path, short(**ONE_DEVICE))
+
+
+def test_calibration_picks_the_best_claim_one_bound_among_settings_that_keep_claims_two_and_three():
+  from jaxlab.experiments.polyphonia import calibrate
+  method = registry.load(NAME).train_module.method
+  names = [calibrate.setting_name(s) for s in calibrate.settings()]
+  gain = {n: 0.01 * i for i, n in enumerate(names)}             # the last setting has the largest gain ...
+  nontarget = {n: 0.0 for n in names}
+  nontarget[names[-1]] = 0.5                                     # ... but breaks claim 2 (0.5 / 1.0 > 10%)
+
+  def run(seed_shift):
+    r = {}
+    for n in names:
+      for key, mean in (("acc_gain_best", gain[n] + seed_shift), ("nontarget_vs_swap", nontarget[n]),
+                        ("truth_vs_injection", 0.0), ("ones_vs_best", 0.0), ("oracle_vs_imperfect", 0.0)):
+        r.update({f"{n}/paired/{key}/n": 216.0, f"{n}/paired/{key}/mean": mean, f"{n}/paired/{key}/m2": 216 * 0.01})
+      r.update({f"{n}/lsd_nontarget_truth/prompt_swap": 1.0, f"{n}/lsd_truth/injection": 1.0,
+                f"{n}/rel/acc_gain_best": 0.1, f"{n}/paired/best_baseline": 2.0})
+      r.update({f"{n}/acc/{a}": 0.5 for a in method.MAIN_ARMS + method.ABLATIONS})
+    return r
+  text, stats = calibrate.table([run(0.0), run(0.001)])
+  assert stats["chosen"] == names[-2] and not stats["settings"][names[-1]]["passes"]["nontarget_vs_swap"]
+  assert stats["settings"][names[-2]]["best_baseline"] == ["sdedit", "sdedit"] and f"chosen: {names[-2]}" in text
