@@ -15,6 +15,9 @@ NOT_REPRODUCED = {
                        "8x8 thumbnail (semantic_gap lower bound -0.114, not > 0); 3/4 pass; see its README"),
     "moe_calibration": ("claim 3's robust_cut fails: Robust MoE's worst-shift ECE is 1.36x MoCaE's, not <= 0.7x "
                         "(7/8 pass); see its README"),
+    "polyphonia": ("claims v2: Polyphonia's timbre accuracy does not beat the strongest baseline (SDEdit; lower "
+                   "bound -0.248) and the oracle prior misses non-inferiority by 0.3 points (-0.053 vs -0.05); 3/5 "
+                   "pass; see its README"),
     "sc_milp": ("upstream_gain (+1.9 points, not +3; its bootstrap interval is above 0) and small_data_gain (+1.6, "
                 "not +3) fail, 2/4 pass; see its README"),
     "taskloom_agent": ("the single-task agent is still learning at 10k steps (claim vs_random 1.42, not >= 2) and "

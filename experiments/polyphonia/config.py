@@ -75,6 +75,9 @@ RESULTS = dict(  # this experiment's row of the README results table (values fro
            "accuracy above the strongest baseline (swap, injection, SDEdit); non-target LSD and LSD to the true "
            "edit within 10% of prompt swap's / injection's; with G = 1 the gain vanishes; oracle prior within 5 "
            "points of the separator's"),
+    note=("SDEdit (from 60% noise) re-timbres most often (0.81) and Polyphonia does not beat it (0.60; nor prompt "
+          "swap, 0.70, at guidance 3.5); integrity and fidelity hold; the oracle prior is 2.5 points below the "
+          "separator's (bound -0.053); v1 and the audit in the README"),
 )
 
 # The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.

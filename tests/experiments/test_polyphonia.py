@@ -207,3 +207,21 @@ def test_calibration_picks_the_best_claim_one_bound_among_settings_that_keep_cla
   text, stats = calibrate.table([run(0.0), run(0.001)])
   assert stats["chosen"] == names[-2] and not stats["settings"][names[-1]]["passes"]["nontarget_vs_swap"]
   assert stats["settings"][names[-2]]["best_baseline"] == ["sdedit", "sdedit"] and f"chosen: {names[-2]}" in text
+
+
+def test_official_inversion_runs_every_arm():
+  """edit.inversion=ddim_null (the full variant's default): DDIM under the empty prompt, then every arm of the
+  official layout, on an untrained model (a smoke test of shapes and the source branch's prompt)."""
+  from flax import nnx
+  exp = registry.load(NAME)
+  method = exp.train_module.method
+  c = exp.get_config("tiny", short(**{"tasks.num_clips": 1, "edit.inversion": "ddim_null", "edit.cfg_tar": 2.0}))
+  tasks = method.make_tasks(c, 0)
+  model = method.model_lib.TextToSpec(method.sd.spec_config(c), rngs=nnx.Rngs(0))
+  prior = method.priors(c, tasks, jax.random.key(0))
+  mean, std = float(tasks.source.mean()), float(tasks.source.std())
+  out = method.run_arms(c, model, tasks.source, tasks.src_tokens, tasks.tgt_tokens, prior, jax.random.key(1),
+                        mean, std)
+  assert set(out) == set(method.MAIN_ARMS + method.ABLATIONS)
+  for a, y in out.items():
+    assert y.shape == tasks.source.shape and np.all(np.isfinite(y)), a
