@@ -130,8 +130,8 @@ def get_config(arg=None):
   # edit: DDPM-Friendly's pipeline (edit-friendly inversion, reverse from `start` of `steps` steps with the same
   # noise maps); cfg_src / cfg_tar the guidance of the source and target branches; batch_size tasks at a time.
   # cfg_tar = cfg_src = 1 (no guidance) was chosen on the validation seeds (README, calibration).
-  # inversion: "ddim_null" (the official code's DDIM inversion under the empty prompt; the reverse is DDIM, eta
-  # unused) or "edit_friendly" (v1's edit-friendly DDPM inversion under the source prompt, eta > 0). sdedit_frac:
+  # inversion: "ddim_null" (the official code's DDIM inversion under the empty prompt; the reverse is DDIM: eta
+  # serves edit_friendly only) or "edit_friendly" (v1's edit-friendly DDPM inversion under the source prompt, eta > 0). sdedit_frac:
   # the SDEdit baseline's strength, a fixed share of the steps (at a full start it would be generation).
   # tiny: edit-friendly inversion, full start (50 of 50), guidance 3.5: chosen on the validation seeds by the
   # rule written in calibrate.py before they ran (README, claims v2 calibration).
