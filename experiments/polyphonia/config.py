@@ -129,10 +129,10 @@ def get_config(arg=None):
   c.tasks = ml_collections.ConfigDict(dict(num_clips=72))
   # edit: DDPM-Friendly's pipeline (edit-friendly inversion, reverse from `start` of `steps` steps with the same
   # noise maps); cfg_src / cfg_tar the guidance of the source and target branches; batch_size tasks at a time.
-  # cfg_tar = cfg_src = 1 (no guidance) was chosen on the validation seeds (README, calibration).
-  # inversion: "ddim_null" (the official code's DDIM inversion under the empty prompt; the reverse is DDIM: eta
-  # serves edit_friendly only) or "edit_friendly" (v1's edit-friendly DDPM inversion under the source prompt, eta > 0). sdedit_frac:
-  # the SDEdit baseline's strength, a fixed share of the steps (at a full start it would be generation).
+  # inversion: "ddim_null" (the official code's DDIM inversion under the empty prompt; the reverse is DDIM, so
+  # eta serves edit_friendly only) or "edit_friendly" (edit-friendly DDPM inversion under the source prompt, eta >
+  # 0). sdedit_frac: the SDEdit baseline's strength, a fixed share of the steps (from a full start it would be
+  # generation). v1 (tiny_v1): edit-friendly, start 30, cfg_tar = cfg_src = 1, chosen on its validation seeds.
   # tiny: edit-friendly inversion, full start (50 of 50), guidance 3.5: chosen on the validation seeds by the
   # rule written in calibrate.py before they ran (README, claims v2 calibration).
   c.edit = ml_collections.ConfigDict(dict(steps=50, start=50, eta=1.0, cfg_src=1.0, cfg_tar=3.5, batch_size=72,
