@@ -33,10 +33,18 @@ a run, `save` / `load` write and read one .npz file atomically.
 
 Memory: C * T * (prod(obs_shape) + ...) elements live on the device; store pixel observations as uint8
 (`init(..., obs_dtype=jnp.uint8)`). Jit `add` with `donate_argnums=0` to update the buffer in place.
+
+Per-step extras (`init(..., extras={"deter": (512,)})`): named float arrays stored beside each step, e.g. the
+recurrent latent the agent computed when it acted, which DreamerV3 keeps with its replay (danijar/dreamerv3,
+`replay_context`) so that a window can start from the stored latent instead of a zero state. `add` then takes
+`extra={name: (B, *shape)}`; `sample_sequences` also returns `slot` (batch, length), the ring slots of the window,
+and `extra` {name: (batch, length, *shape)}; `update_extra` writes fresh values back to those slots. A buffer
+without extras behaves, and samples, exactly as before.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -68,6 +76,7 @@ class ReplayState:
     first: (T, C) bool, True where an episode starts.
     size: (T,) int32, number of stored steps of each task (at most C).
     pos: (T,) int32, slot of each task's next write.
+    extra: {name: (T, C, *shape)} per-step extras (empty unless `init` was given some).
   """
   obs: jax.Array
   action: jax.Array
@@ -76,6 +85,7 @@ class ReplayState:
   first: jax.Array
   size: jax.Array
   pos: jax.Array
+  extra: dict = dataclasses.field(default_factory=dict)
 
   @property
   def num_tasks(self) -> int:
@@ -102,7 +112,8 @@ def _shape(dim: Shape, what: str) -> tuple[int, ...]:
 
 
 def init(num_tasks: int, capacity: int, obs_dim: Shape, act_dim: Shape, *, obs_dtype: Any = jnp.float32,
-         action_dtype: Any = jnp.float32, reward_dtype: Any = jnp.float32) -> ReplayState:
+         action_dtype: Any = jnp.float32, reward_dtype: Any = jnp.float32,
+         extras: dict[str, Shape] | None = None) -> ReplayState:
   """An empty buffer of `num_tasks` rings of `capacity` steps each.
 
   Args:
@@ -112,6 +123,7 @@ def init(num_tasks: int, capacity: int, obs_dim: Shape, act_dim: Shape, *, obs_d
     act_dim: action size, or a shape tuple (() for a scalar discrete action).
     obs_dtype, action_dtype: stored dtypes (e.g. jnp.uint8 pixels, jnp.int32 discrete actions).
     reward_dtype: dtype of reward and discount.
+    extras: optional {name: shape} of float32 arrays stored per step (see the module docstring).
   """
   for name, v in (("num_tasks", num_tasks), ("capacity", capacity)):
     if not isinstance(v, (int, np.integer)) or v < 1:
@@ -119,9 +131,11 @@ def init(num_tasks: int, capacity: int, obs_dim: Shape, act_dim: Shape, *, obs_d
   obs_shape = _shape(obs_dim, "obs_dim")
   act_shape = _shape(act_dim, "act_dim")
   t, c = int(num_tasks), int(capacity)
+  extra = {str(k): jnp.zeros((t, c, *_shape(v, f"extras[{k!r}]")), jnp.float32) for k, v in (extras or {}).items()}
   return ReplayState(obs=jnp.zeros((t, c, *obs_shape), obs_dtype), action=jnp.zeros((t, c, *act_shape), action_dtype),
                      reward=jnp.zeros((t, c), reward_dtype), discount=jnp.zeros((t, c), reward_dtype),
-                     first=jnp.zeros((t, c), bool), size=jnp.zeros((t,), jnp.int32), pos=jnp.zeros((t,), jnp.int32))
+                     first=jnp.zeros((t, c), bool), size=jnp.zeros((t,), jnp.int32), pos=jnp.zeros((t,), jnp.int32),
+                     extra=extra)
 
 
 def _concrete(x: Any) -> np.ndarray | None:
@@ -129,6 +143,18 @@ def _concrete(x: Any) -> np.ndarray | None:
   if isinstance(x, jax.core.Tracer):
     return None
   return np.asarray(x)
+
+
+def _check_extra(state: ReplayState, extra, lead: tuple[int, ...]) -> None:
+  """`extra` must name exactly the buffer's extras, each of shape lead + the extra's shape."""
+  names = set(extra or {})
+  if names != set(state.extra):
+    raise DataError(f"extra names {sorted(names)}, but the buffer stores {sorted(state.extra)} per step "
+                    "(replay.init(..., extras=...))")
+  for k, v in (extra or {}).items():
+    want = lead + tuple(state.extra[k].shape[2:])
+    if tuple(jnp.shape(v)) != want:
+      raise DataError(f"extra {k!r} has shape {tuple(jnp.shape(v))}, expected {want}")
 
 
 def _check_rows(state: ReplayState, task_id, obs, action, reward, discount, first) -> int:
@@ -151,7 +177,7 @@ def _check_rows(state: ReplayState, task_id, obs, action, reward, discount, firs
 
 
 @jax.jit
-def _add(state: ReplayState, task_id, obs, action, reward, discount, first) -> ReplayState:
+def _add(state: ReplayState, task_id, obs, action, reward, discount, first, extra) -> ReplayState:
   t_n, cap = state.num_tasks, state.capacity
   b = task_id.shape[0]
   task_id = task_id.astype(jnp.int32)
@@ -172,11 +198,14 @@ def _add(state: ReplayState, task_id, obs, action, reward, discount, first) -> R
   new = dict(obs=obs, action=action, reward=reward, discount=discount, first=first)
   upd = {k: getattr(state, k).at[ti, slot].set(v.astype(getattr(state, k).dtype), mode="drop")
          for k, v in new.items()}
+  if state.extra:
+    upd["extra"] = {k: state.extra[k].at[ti, slot].set(extra[k].astype(jnp.float32), mode="drop")
+                    for k in state.extra}
   return state.replace(**upd, size=jnp.minimum(state.size + count, cap).astype(jnp.int32),
                        pos=((state.pos + count) % cap).astype(jnp.int32))
 
 
-def add(state: ReplayState, task_id, obs, action, reward, discount, first) -> ReplayState:
+def add(state: ReplayState, task_id, obs, action, reward, discount, first, extra=None) -> ReplayState:
   """Appends one step per row to the ring of its task; rows of the same task are written in row order.
 
   Args:
@@ -184,15 +213,17 @@ def add(state: ReplayState, task_id, obs, action, reward, discount, first) -> Re
     task_id: (B,) int task of each row; several rows may share a task.
     obs: (B, *obs_shape); action: (B, *act_shape); reward, discount: (B,); first: (B,) bool.
       Values are cast to the buffer's dtypes.
+    extra: {name: (B, *shape)} for every extra of the buffer (none when it has none).
 
   Returns:
     The new state. When a task gets more than C rows in one call only its last C are kept, exactly as if
     they had been added one by one. Eagerly an out-of-range task id raises DataError; under jit such rows
     are dropped.
   """
-  _check_rows(state, task_id, obs, action, reward, discount, first)
+  b = _check_rows(state, task_id, obs, action, reward, discount, first)
+  _check_extra(state, extra, (b,))
   return _add(state, jnp.asarray(task_id), jnp.asarray(obs), jnp.asarray(action), jnp.asarray(reward),
-              jnp.asarray(discount), jnp.asarray(first))
+              jnp.asarray(discount), jnp.asarray(first), {k: jnp.asarray(v) for k, v in (extra or {}).items()})
 
 
 def add_sequence(state: ReplayState, task_id: int | jax.Array, obs, action, reward, discount,
@@ -270,6 +301,9 @@ def _sample(state: ReplayState, key: jax.Array, batch: int, length: int, task_we
   slots = (state.pos[tasks] - n + start)[:, None] + jnp.arange(length, dtype=jnp.int32)
   slots = slots % state.capacity
   out = {k: getattr(state, k)[tasks[:, None], slots] for k in STEP_FIELDS}
+  if state.extra:
+    out["slot"] = slots
+    out["extra"] = {k: v[tasks[:, None], slots] for k, v in state.extra.items()}
   return {**out, "task_id": tasks, "valid": valid}
 
 
@@ -301,7 +335,8 @@ def sample_sequences(state: ReplayState, key: jax.Array, batch: int, length: int
     with positive weight holding fewer than `length` steps, or no task holding that many). Under jit tasks
     with too few steps are left out of the draw (weights renormalised over the others) and rows come back
     with valid False only when no task is eligible or when `tasks` names such a task (their content is then
-    meaningless).
+    meaningless). With per-step extras also slot (batch, length) int32, the ring slots of each row, and extra
+    {name: (batch, length, *shape)}.
   """
   _check_sample_args(state, batch, length, task_weights, tasks)
   return _sample_jit(state, key, int(batch), int(length), None if task_weights is None else jnp.asarray(task_weights),
@@ -317,7 +352,35 @@ def sample_transitions(state: ReplayState, key: jax.Array, batch: int, task_weig
   `first[:, 1]` is set (the second step begins another episode).
   """
   out = sample_sequences(state, key, batch, 1, task_weights=task_weights, tasks=tasks)
-  return {k: (v[:, 0] if k in STEP_FIELDS else v) for k, v in out.items()}
+  out = {k: (v[:, 0] if k in STEP_FIELDS + ("slot",) else v) for k, v in out.items()}
+  if "extra" in out:
+    out["extra"] = {k: v[:, 0] for k, v in out["extra"].items()}
+  return out
+
+
+@jax.jit
+def _update_extra(state: ReplayState, task_id, slot, values) -> ReplayState:
+  t = jnp.broadcast_to(task_id.astype(jnp.int32).reshape((-1,) + (1,) * (slot.ndim - 1)), slot.shape)
+  return state.replace(extra={k: v.at[t, slot].set(values[k].astype(jnp.float32)) if k in values else v
+                              for k, v in state.extra.items()})
+
+
+def update_extra(state: ReplayState, task_id, slot, values: dict) -> ReplayState:
+  """Writes per-step extras back to stored steps: `values[name][i, ...]` to task `task_id[i]`'s slots `slot[i]`
+  (the `task_id` and `slot` of a `sample_sequences` batch: (B,) and (B, L), values (B, L, *shape)). Names may be
+  a subset of the buffer's extras. Where two rows name the same step, which row's value is kept is unspecified:
+  pass equal values there (as a window's recomputed latents of the same step are, up to the window's start)."""
+  if jnp.ndim(task_id) != 1 or jnp.ndim(slot) < 1 or jnp.shape(slot)[0] != jnp.shape(task_id)[0]:
+    raise DataError(f"update_extra: task_id (B,) and slot (B, ...) with the same B, got {jnp.shape(task_id)} and "
+                    f"{jnp.shape(slot)}")
+  unknown = set(values) - set(state.extra)
+  if unknown:
+    raise DataError(f"update_extra: the buffer stores no extra {sorted(unknown)} (it has {sorted(state.extra)})")
+  for k, v in values.items():
+    want = tuple(jnp.shape(slot)) + tuple(state.extra[k].shape[2:])
+    if tuple(jnp.shape(v)) != want:
+      raise DataError(f"update_extra: {k!r} has shape {tuple(jnp.shape(v))}, expected {want}")
+  return _update_extra(state, jnp.asarray(task_id), jnp.asarray(slot), {k: jnp.asarray(v) for k, v in values.items()})
 
 
 def mixed_batch(state: ReplayState, key: jax.Array, batch: int, length: int) -> dict[str, jax.Array]:
@@ -339,7 +402,9 @@ def task_history(state: ReplayState, task_id: int) -> dict[str, np.ndarray]:
     raise ConfigError(f"task_id {task_id} is out of range; the buffer has tasks 0..{state.num_tasks - 1}")
   n, pos = int(state.size[task_id]), int(state.pos[task_id])
   slots = (pos - n + np.arange(n)) % state.capacity
-  return {k: np.asarray(getattr(state, k)[task_id])[slots] for k in STEP_FIELDS}
+  out = {k: np.asarray(getattr(state, k)[task_id])[slots] for k in STEP_FIELDS}
+  out.update({f"extra/{k}": np.asarray(v[task_id])[slots] for k, v in state.extra.items()})
+  return out
 
 
 def save(path: str, state: ReplayState) -> None:
@@ -349,6 +414,7 @@ def save(path: str, state: ReplayState) -> None:
   outside a run (e.g. a dataset collected once and reused).
   """
   arrays = {k: np.asarray(jax.device_get(getattr(state, k))) for k in FIELDS}
+  arrays.update({f"extra/{k}": np.asarray(jax.device_get(v)) for k, v in state.extra.items()})
   dtypes = {k: str(v.dtype) for k, v in arrays.items()}
   # Dtypes numpy's .npz cannot name (bfloat16 etc.) are stored as raw unsigned ints and viewed back on load.
   arrays = {k: (v.view(f"u{v.dtype.itemsize}") if v.dtype.kind == "V" else v) for k, v in arrays.items()}
@@ -376,6 +442,7 @@ def load(path: str) -> ReplayState:
     with np.load(path, allow_pickle=False) as z:
       meta = json.loads(str(z["meta"]))
       arrays = {k: z[k] for k in FIELDS}
+      extra = {k[len("extra/"):]: z[k] for k in z.files if k.startswith("extra/")}
   except Exception as e:  # zipfile, KeyError, ValueError, JSON errors ...
     raise CheckpointError(f"replay buffer file {path} is damaged or not a replay buffer ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -391,7 +458,9 @@ def load(path: str) -> ReplayState:
   ok = t_n >= 1 and cap >= 1 and pos.shape == (t_n,) and all(arrays[k].ndim == 2 for k in ("discount", "first"))
   ok = ok and all(arrays[k].shape[:2] == (t_n, cap) for k in STEP_FIELDS)
   ok = ok and bool(((size >= 0) & (size <= cap) & (pos >= 0) & (pos < cap)).all())
+  ok = ok and all(v.shape[:2] == (t_n, cap) and v.dtype == np.float32 for v in extra.values())
   if not ok:
     raise CheckpointError(f"replay buffer file {path} has inconsistent arrays "
-                          f"({ {k: list(v.shape) for k, v in arrays.items()} })")
-  return ReplayState(**{k: jnp.asarray(v) for k, v in arrays.items()})
+                          f"({ {k: list(v.shape) for k, v in {**arrays, **extra}.items()} })")
+  return ReplayState(**{k: jnp.asarray(v) for k, v in arrays.items()},
+                     extra={k: jnp.asarray(v) for k, v in extra.items()})

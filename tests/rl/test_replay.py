@@ -319,3 +319,49 @@ def test_errors(filled):
     replay.mixed_batch(small, key, 3, 2)
   with pytest.raises(ConfigError):
     replay.init(0, C, OBS, ACT)
+
+
+def test_per_step_extras_are_stored_sampled_and_written_back(tmp_path):
+  """Extras ride with their step: sampled at the window's slots, written back by `update_extra`, saved and loaded;
+  a buffer without extras samples exactly the keys it always did."""
+  buf = replay.init(2, 6, OBS, ACT, extras={"deter": (4,)})
+  assert set(buf.extra) == {"deter"} and buf.extra["deter"].shape == (2, 6, 4)
+  rng = np.random.default_rng(0)
+  for step in range(9):                                       # task 0 wraps its ring (9 > 6), task 1 does not
+    ids = np.asarray([0, 1] if step < 5 else [0], np.int32)
+    b = len(ids)
+    deter = (100 * ids[:, None] + step + np.arange(4)[None] / 10).astype(np.float32)
+    buf = replay.add(buf, ids, rng.normal(size=(b, OBS)), rng.normal(size=(b, ACT)), np.full(b, float(step)),
+                     np.ones(b), np.zeros(b, bool), extra={"deter": deter})
+  out = replay.sample_sequences(buf, jax.random.key(0), 4, 3, tasks=jnp.asarray([0, 0, 1, 1]))
+  # each step's extra is its own: deter[..., 0] = 100 * task + the step that wrote it = 100 * task + reward
+  np.testing.assert_array_equal(out["extra"]["deter"][..., 0], 100 * out["task_id"][:, None] + out["reward"])
+  np.testing.assert_array_equal(np.asarray(buf.reward)[np.asarray(out["task_id"])[:, None], out["slot"]],
+                                out["reward"])
+  new = -np.ones((4, 3, 4), np.float32)
+  buf2 = replay.update_extra(buf, out["task_id"], out["slot"], {"deter": new})
+  again = replay.sample_sequences(buf2, jax.random.key(0), 4, 3, tasks=jnp.asarray([0, 0, 1, 1]))
+  np.testing.assert_array_equal(again["extra"]["deter"], new)
+  assert int(np.sum(np.asarray(buf2.extra["deter"]) == -1)) == 4 * len({(int(t), int(s)) for t, row in zip(
+      out["task_id"], out["slot"]) for s in row})              # only the sampled steps changed
+  jit = jax.jit(lambda s: replay.sample_sequences(s, jax.random.key(0), 4, 3, tasks=jnp.asarray([0, 0, 1, 1])))(buf)
+  for k in ("slot", "reward"):
+    np.testing.assert_array_equal(jit[k], out[k])
+  path = str(tmp_path / "buf.npz")
+  replay.save(path, buf2)
+  back = replay.load(path)
+  np.testing.assert_array_equal(back.extra["deter"], buf2.extra["deter"])
+  assert replay.task_history(back, 1)["extra/deter"].shape == (5, 4)
+  plain = replay.init(2, 6, OBS, ACT)
+  plain = replay.add(plain, np.asarray([0]), np.zeros((1, OBS)), np.zeros((1, ACT)), np.zeros(1), np.ones(1),
+                     np.ones(1, bool))
+  assert set(replay.sample_sequences(plain, jax.random.key(0), 2, 1)) == {
+      "obs", "action", "reward", "discount", "first", "task_id", "valid"}
+  with pytest.raises(DataError, match="buffer stores \\['deter'\\] per step"):
+    replay.add(buf, np.asarray([0]), np.zeros((1, OBS)), np.zeros((1, ACT)), np.zeros(1), np.ones(1),
+               np.ones(1, bool))
+  with pytest.raises(DataError, match="extra 'deter' has shape"):
+    replay.add(buf, np.asarray([0]), np.zeros((1, OBS)), np.zeros((1, ACT)), np.zeros(1), np.ones(1),
+               np.ones(1, bool), extra={"deter": np.zeros((1, 3))})
+  with pytest.raises(DataError, match="no extra \\['stoch'\\]"):
+    replay.update_extra(buf, out["task_id"], out["slot"], {"stoch": new})
