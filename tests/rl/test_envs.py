@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -269,3 +270,31 @@ def test_bench_throughput_and_routing():
   env = gx.GymnaxTasks(["c"], 2, make=_fake())
   assert bench.throughput(env, steps=5) > 0
 
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_dm_control_random_states_restore_at_an_episode_boundary(dmc, workers):
+  """Saved after every environment's last step and restored into a fresh batch, the next episodes are those of the
+  uninterrupted run, bit for bit (their starts come from the task's random stream)."""
+  names = ["cartpole-balance", "cartpole-swingup"]            # one control step of 0.01 s: episodes end together
+  kw = dict(envs_per_task=2, seed=2, time_limit=0.05, workers=workers)
+  acts = np.random.default_rng(0).uniform(-1, 1, size=(12, 4, 1)).astype(np.float32)
+  with dmc.DMControlTasks(names, **kw) as a:
+    a.reset()
+    for t in range(5):                                  # 5 control steps: the episode ends everywhere
+      ts = a.step(acts[t])
+    assert ts.last.all()
+    states = a.random_states()
+    assert len(states) == 4 and states[0]["name"] == "MT19937"
+    want = [a.step(acts[5 + t]) for t in range(6)]
+  with dmc.DMControlTasks(names, **kw) as b:
+    b.reset()
+    b.set_random_states(json.loads(json.dumps(states)))   # JSON-able, as a checkpoint's metadata keeps it
+    got = [b.step(acts[5 + t]) for t in range(6)]
+  assert got[0].first.all()
+  for x, y in zip(got, want):
+    np.testing.assert_array_equal(x.obs, y.obs)
+    np.testing.assert_array_equal(x.reward, y.reward)
+  with dmc.DMControlTasks(names, **kw) as c:
+    with pytest.raises(ConfigError, match="3 states for a batch of 4"):
+      c.set_random_states(states[:3])

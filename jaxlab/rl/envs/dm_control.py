@@ -158,6 +158,25 @@ class _Slice:
         steps.append(env.step(np.asarray(actions[i, :self.specs[i]["act_dim"]], np.float64)))
     return self._out(steps, first)
 
+  def random_states(self) -> list[dict]:
+    """Each environment's task random stream (`np.random.RandomState.get_state`) as JSON-able dicts."""
+    out = []
+    for env in self.envs:
+      name, keys, pos, has_gauss, gauss = env.task.random.get_state()
+      out.append({"name": str(name), "keys": [int(k) for k in keys], "pos": int(pos), "has_gauss": int(has_gauss),
+                  "gauss": float(gauss)})
+    return out
+
+  def set_random_states(self, states: list[dict]) -> None:
+    """Restores the streams of `random_states` and marks every environment for a reset: the next `step` starts
+    new episodes drawn from the restored streams (a restore at an episode boundary continues bit-identically)."""
+    if len(states) != len(self.envs):
+      raise errors.ConfigError(f"set_random_states: {len(states)} states for {len(self.envs)} environments")
+    for env, st in zip(self.envs, states):
+      env.task.random.set_state((st["name"], np.asarray(st["keys"], np.uint32), st["pos"], st["has_gauss"],
+                                 st["gauss"]))
+    self.needs_reset[:] = True
+
   def close(self):
     for env in self.envs:
       with contextlib.suppress(Exception):
@@ -186,6 +205,11 @@ def _worker_main(conn, entries, pixels, image_size):
           conn.send(("ok", envs.step(payload)))
         elif cmd == "reset":
           conn.send(("ok", envs.reset()))
+        elif cmd == "get_random":
+          conn.send(("ok", envs.random_states()))
+        elif cmd == "set_random":
+          envs.set_random_states(payload)
+          conn.send(("ok", None))
         elif cmd == "info":
           conn.send(("ok", {"pid": os.getpid(), "jax_imported": "jax" in sys.modules}))
         else:
@@ -353,6 +377,26 @@ class DMControlTasks(base.MultiTaskEnv):
   def _step(self, actions: np.ndarray) -> base.TimeStep:
     self._check_open()
     return self._timestep(self._pool.step(actions) if self._pool else [self._local.step(actions)])
+
+  def random_states(self) -> list[dict]:
+    """The task random stream of every environment of the batch (JSON-able; see `set_random_states`)."""
+    self._check_open()
+    if self._pool:
+      return [st for part in self._pool.call("get_random") for st in part]
+    return self._local.random_states()
+
+  def set_random_states(self, states: list[dict]) -> None:
+    """Restores `random_states` (one per environment of the batch) and makes the next `step` start new episodes
+    from them in every environment. Saved and restored at an episode boundary (every environment's last step),
+    the run then continues exactly as the uninterrupted one: dm_control draws each episode's start from the
+    task's stream at reset. Mid-episode restores would also need the physics state, and are not offered."""
+    self._check_open()
+    if len(states) != len(self.task_ids):
+      raise errors.ConfigError(f"set_random_states: {len(states)} states for a batch of {len(self.task_ids)}")
+    if self._pool:
+      self._pool.call("set_random", [states[lo:hi] for lo, hi in self._pool.bounds])
+    else:
+      self._local.set_random_states(states)
 
   def worker_info(self) -> list[dict]:
     """{"pid", "jax_imported"} of each worker process (empty list when stepping in-process)."""
