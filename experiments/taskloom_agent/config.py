@@ -25,6 +25,15 @@ PROPRIO = ("acrobot-swingup", "cartpole-balance", "cartpole-balance_sparse", "ca
            "finger-turn_hard", "hopper-hop", "hopper-stand", "pendulum-swingup", "reacher-easy", "reacher-hard",
            "walker-run", "walker-stand", "walker-walk")
 VISUAL = PROPRIO + ("quadruped-run", "quadruped-walk")
+# issue 73's candidate multi-family suite: two dynamics families, the tasks of a family differing only in reward
+SUITE_V2 = ("cartpole-balance", "cartpole-balance_sparse", "reacher-easy", "reacher-hard")
+
+
+def families(names) -> list[int]:
+  """Family label of each "domain-task" name: the index of its domain among the sorted domains (as the offline
+  taskloom experiment labels its tasks)."""
+  domains = sorted({n.split("-")[0] for n in names})
+  return [domains.index(n.split("-")[0]) for n in names]
 FINAL_EPISODES = 2             # the "return after the budget": mean of the last training episodes
 
 
@@ -106,7 +115,7 @@ def get_config(arg=None):
   # (the same cartpole dynamics), so they form one group; the gradient cosines are still measured and reported.
   c.grouping = ml_collections.ConfigDict(dict(group_at=2000, num_groups=1, threshold=0.5, grad_batches=4,
                                               exclude=("emb", "rew"), exchange=r"^gru/", tau=0.1,
-                                              exchange_every=50, regroup_every=0))
+                                              exchange_every=50, regroup_every=0, before_updates=False))
   c.method = ml_collections.ConfigDict(dict(arms=("single", "grouped"), baseline_episodes=5, eval_episodes=1))
   if arg.variant == "small":
     c.env.env_steps = 50_000

@@ -146,3 +146,18 @@ def test_online_run_groups_checkpoints_and_resumes(agent, tmp_path):
   assert sorted(e[0] for e in ref["episodes"]) == [0, 1, 2]
   assert {e[0] for e in full["episodes"]} == {0, 1, 2}
   assert len(full["eval"]) == 3 and all(np.isfinite(full["eval"]))
+
+
+def test_online_run_can_group_at_the_initialisation_before_any_update(agent, tmp_path):
+  """grouping.before_updates with group_at at the end of the prefill: the tasks are grouped on the prefill data by
+  the shared model as initialised (no update yet), then trained in their groups."""
+  pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'jaxlab[rl]'")
+  from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
+  prefill_env = agent.cfg.prefill * REPEAT
+  grouping = agent_lib.GroupingConfig("grouped", group_at=prefill_env, num_groups=2, grad_batches=1,
+                                      before_updates=True)
+  with DMControlTasks(ONLINE_TASKS, seed=0) as e:
+    run = online.run(agent, e, str(tmp_path / "g"), env_steps=prefill_env + 8 * REPEAT, key=jax.random.key(0),
+                     grouping=grouping)
+  assert run["groupings"][0][0] == prefill_env and len(set(run["groupings"][0][1])) == 2
+  assert run["updates"] == 2 and run["assign"] == run["groupings"][0][1]    # 8 agent steps at one update per 4

@@ -88,6 +88,9 @@ class GroupingConfig:
   tau: float = 0.1
   exchange_every: int = 50        # updates
   regroup_every: int = 0          # env steps per task (0: never)
+  before_updates: bool = False    # group on a step's data before that step's updates (with group_at <= the
+                                  # prefill's env steps: the shared model at its initialisation, on the prefill
+                                  # data, as the offline taskloom experiment groups); False: after them
 
   def __post_init__(self):
     if self.mode not in MODES:

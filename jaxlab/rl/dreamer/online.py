@@ -142,6 +142,26 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
     for i in np.flatnonzero(ts.last):
       meta["episodes"].append([int(tasks[i]), int(step * per_step), float(ret_acc[i])])
       ret_acc[i] = 0.0
+    env_step = step * per_step
+
+    def regroup(st, assign, members):
+      due = (g.mode == "grouped" and step >= cfg.prefill and
+             ((not meta["grouped"] and env_step >= g.group_at) or
+              (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
+      if due:
+        new, sim = agent.group(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
+        meta["groupings"].append([int(env_step), new.tolist(), np.round(sim, 4).tolist()])
+        if not np.array_equal(new, assign):
+          st = agent.split_groups(st, assign, new)
+          assign = new
+          members = agent_lib.member_rows(assign, cfg.batch_size)
+        meta["assign"] = assign.tolist()
+        meta["grouped"] = True
+        meta["next_regroup"] = int(env_step + g.regroup_every) if g.regroup_every else 0
+      return st, assign, members
+
+    if g.before_updates:
+      st, assign, members = regroup(st, assign, members)
     if step >= cfg.prefill:
       meta["credit"] += 1.0 / cfg.train_every
       while meta["credit"] >= 1.0:
@@ -152,20 +172,8 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
         metrics = met
         meta["updates"] = u + 1
         meta["credit"] -= 1.0
-    env_step = step * per_step
-    regroup_due = (g.mode == "grouped" and step >= cfg.prefill and
-                   ((not meta["grouped"] and env_step >= g.group_at) or
-                    (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
-    if regroup_due:
-      new, sim = agent.group(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
-      meta["groupings"].append([int(env_step), new.tolist(), np.round(sim, 4).tolist()])
-      if not np.array_equal(new, assign):
-        st = agent.split_groups(st, assign, new)
-        assign = new
-        members = agent_lib.member_rows(assign, cfg.batch_size)
-      meta["assign"] = assign.tolist()
-      meta["grouped"] = True
-      meta["next_regroup"] = int(env_step + g.regroup_every) if g.regroup_every else 0
+    if not g.before_updates:
+      st, assign, members = regroup(st, assign, members)
     bar.update(1)
     if step % 100 == 0 and metrics:
       bar.set_postfix(progress.postfix({k: float(v) for k, v in metrics.items()}))
