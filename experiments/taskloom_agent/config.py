@@ -115,7 +115,7 @@ def get_config(arg=None):
   # (the same cartpole dynamics), so they form one group; the gradient cosines are still measured and reported.
   c.grouping = ml_collections.ConfigDict(dict(group_at=2000, num_groups=1, threshold=0.5, grad_batches=4,
                                               exclude=("emb", "rew"), exchange=r"^gru/", tau=0.1,
-                                              exchange_every=50, regroup_every=0, before_updates=False))
+                                              exchange_every=50, regroup_every=0))
   c.method = ml_collections.ConfigDict(dict(arms=("single", "grouped"), baseline_episodes=5, eval_episodes=1))
   if arg.variant == "small":
     c.env.env_steps = 50_000

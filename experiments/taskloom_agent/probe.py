@@ -13,6 +13,7 @@ way. Prints one row per setting: ARI = 1 on how many seeds, the mean ARI and the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 
@@ -41,12 +42,13 @@ def probe(seed: int, names, grad_batches: int, num_groups: int = 2) -> tuple[flo
   prefill_env = int(c.agent.prefill) * int(c.env.action_repeat)
   c = exp.get_config(f"tiny,seed={seed}", {
       "env.names": tuple(names), "grouping.num_groups": num_groups, "grouping.grad_batches": grad_batches,
-      "grouping.group_at": prefill_env, "grouping.before_updates": True, "agent.checkpoint_every": 0,
+      "grouping.group_at": prefill_env, "agent.checkpoint_every": 0,
       "env.env_steps": prefill_env + int(c.env.action_repeat)})
   with train_lib.make_env(c, seed) as env, tempfile.TemporaryDirectory() as tmp:
     agent = train_lib.build_agent(c, env)
     out = online.run(agent, env, tmp, env_steps=int(c.env.env_steps), key=jax.random.key(seed),
-                     grouping=train_lib.grouping_config(c, "grouped"), seed=seed, desc=None)
+                     grouping=dataclasses.replace(train_lib.grouping_config(c, "grouped"), before_updates=True),
+                     seed=seed, desc=None)
   labels = out["groupings"][0][1]
   return grouping_lib.adjusted_rand_index(labels, config_lib.families(names)), labels
 

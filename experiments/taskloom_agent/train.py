@@ -107,8 +107,7 @@ def grouping_config(config, arm: str) -> agent_lib.GroupingConfig:
   g = config.grouping
   return agent_lib.GroupingConfig(mode=arm, group_at=g.group_at, num_groups=g.num_groups, threshold=g.threshold,
                                   grad_batches=g.grad_batches, exclude=tuple(g.exclude), exchange=g.exchange,
-                                  tau=g.tau, exchange_every=g.exchange_every, regroup_every=g.regroup_every,
-                                  before_updates=bool(g.before_updates))
+                                  tau=g.tau, exchange_every=g.exchange_every, regroup_every=g.regroup_every)
 
 
 def arm_stage(ctx, arm: str):
