@@ -35,13 +35,14 @@ def _seeds(text: str) -> list[int]:
   return [int(x) for x in text.split(",")]
 
 
-def probe(seed: int, names, grad_batches: int, num_groups: int = 2) -> tuple[float, list[int]]:
-  """(ARI of the first grouping against the families, its labels) for one seed."""
+def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int = 0) -> tuple[float, list[int]]:
+  """(ARI of the first grouping against the families, its labels) for one seed; prefill: agent steps of random
+  actions before it (0: the tiny config's)."""
   exp = registry.load("taskloom_agent")
-  c = exp.get_config(f"tiny,seed={seed}")
+  c = exp.get_config(f"tiny,seed={seed}", {"agent.prefill": prefill} if prefill else {})
   prefill_env = int(c.agent.prefill) * int(c.env.action_repeat)
   c = exp.get_config(f"tiny,seed={seed}", {
-      "env.names": tuple(names), "grouping.num_groups": num_groups, "grouping.grad_batches": grad_batches,
+      "agent.prefill": int(c.agent.prefill), "env.names": tuple(names), "grouping.num_groups": num_groups, "grouping.grad_batches": grad_batches,
       "grouping.group_at": prefill_env, "agent.checkpoint_every": 0,
       "env.env_steps": prefill_env + int(c.env.action_repeat)})
   with train_lib.make_env(c, seed) as env, tempfile.TemporaryDirectory() as tmp:
@@ -58,6 +59,7 @@ def main(argv=None):
   p.add_argument("--seeds", default="200-219")
   p.add_argument("--grad_batches", default="4,8,16")
   p.add_argument("--names", default=",".join(config_lib.SUITE_V2))
+  p.add_argument("--prefill", type=int, default=0, help="agent steps of random actions before grouping (0: tiny's)")
   a = p.parse_args(argv)
   names = tuple(a.names.split(","))
   print(f"suite {names}, families {config_lib.families(names)}")
@@ -65,7 +67,7 @@ def main(argv=None):
     aris, t0 = [], time.time()
     seeds = _seeds(a.seeds)
     for s in seeds:
-      ari, labels = probe(s, names, gb)
+      ari, labels = probe(s, names, gb, prefill=a.prefill)
       aris.append(ari)
       print(f"  grad_batches {gb} seed {s}: ARI {ari:.3f} labels {labels}", flush=True)
     aris = np.asarray(aris)
