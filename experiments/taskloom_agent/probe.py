@@ -42,8 +42,8 @@ def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int
   c = exp.get_config(f"tiny,seed={seed}", {"agent.prefill": prefill} if prefill else {})
   prefill_env = int(c.agent.prefill) * int(c.env.action_repeat)
   c = exp.get_config(f"tiny,seed={seed}", {
-      "agent.prefill": int(c.agent.prefill), "env.names": tuple(names), "grouping.num_groups": num_groups, "grouping.grad_batches": grad_batches,
-      "grouping.group_at": prefill_env, "agent.checkpoint_every": 0,
+      "agent.prefill": int(c.agent.prefill), "env.names": tuple(names), "grouping.num_groups": num_groups,
+      "grouping.grad_batches": grad_batches, "grouping.group_at": prefill_env, "agent.checkpoint_every": 0,
       "env.env_steps": prefill_env + int(c.env.action_repeat)})
   with train_lib.make_env(c, seed) as env, tempfile.TemporaryDirectory() as tmp:
     agent = train_lib.build_agent(c, env)
