@@ -321,6 +321,7 @@ def run_arms(config, model, source: np.ndarray, src_tokens: np.ndarray, tgt_toke
   # the official source branch: the inversion's empty prompt under "ddim_null" (its self-attention is what the
   # official code caches while inverting); injection copies the source PROMPT's maps, so keeps the source prompt
   null_src = official and config.edit.inversion == "ddim_null"
+  n_tok = cfg.grid[0] * cfg.grid[1]
   out = {a: [] for a in arms}
   b = int(config.edit.batch_size)
   for i in range(0, len(source), b):
@@ -329,6 +330,7 @@ def run_arms(config, model, source: np.ndarray, src_tokens: np.ndarray, tgt_toke
     src, tgt = jnp.asarray(src_tokens[sl]), jnp.asarray(tgt_tokens[sl])
     kb = jax.random.fold_in(key, i)
     xs, zs = invert(state, x0, src, jax.random.fold_in(kb, 0))
+    null = jnp.asarray(model_lib.null_prompts(x0.shape[0], cfg)) if null_src else None
     for a in arms:
       if a == "prompt_swap":
         y = swap(state, xs, zs, tgt)
@@ -336,10 +338,9 @@ def run_arms(config, model, source: np.ndarray, src_tokens: np.ndarray, tgt_toke
         y = sdedit_fn(state, x0, tgt, jax.random.fold_in(kb, 1))
       else:
         c, self_c, _ = controllers[a]
-        n_tok = cfg.grid[0] * cfg.grid[1]
         pr = jnp.asarray(tprior[a][sl]) if a in tprior else jnp.zeros((x0.shape[0], n_tok))
         st = jnp.asarray(tstem[a][sl]) if a in tstem else jnp.zeros((x0.shape[0], cfg.max_tokens, n_tok))
-        s_tok = jnp.asarray(model_lib.null_prompts(x0.shape[0], cfg)) if null_src and a != "injection" else src
+        s_tok = null if null_src and a != "injection" else src
         y = pair(state, xs, zs, s_tok, tgt, pr, st, c, self_c)
       out[a].append(np.asarray(y) * std + mean)
       if bar is not None:

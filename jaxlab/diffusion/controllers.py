@@ -88,6 +88,11 @@ def _halves(x):
   return x[:b // 2], x[b // 2:]
 
 
+def _layer_filter(layers: Sequence[int] | None):
+  keep = None if layers is None else {int(i) for i in layers}
+  return lambda layer: keep is None or layer in keep
+
+
 def inject_source(tokens: Sequence[int], *, layers: Sequence[int] | None = None,
                   t_range: tuple[int, int] | None = None) -> Controller:
   """P2P-style injection: in the target half of the batch, the logits of context positions `tokens` become the
@@ -95,11 +100,11 @@ def inject_source(tokens: Sequence[int], *, layers: Sequence[int] | None = None,
   cols = sorted({int(j) for j in tokens})
   if not cols or min(cols) < 0:
     raise ConfigError(f"inject_source: tokens={tokens} must be non-empty context positions")
-  keep = None if layers is None else {int(i) for i in layers}
+  active = _layer_filter(layers)
 
   def control(logits, layer, step, ctx):
     del ctx
-    if keep is not None and layer not in keep:
+    if not active(layer):
       return logits
     if max(cols) >= logits.shape[-1]:
       raise ConfigError(f"inject_source: token position {max(cols)} >= context length {logits.shape[-1]}")
@@ -127,10 +132,10 @@ def calibrate(*, gamma: float = 1.0, eps: float = 1e-2, layers: Sequence[int] | 
                       "(+ gamma log(G + eps))")
   if eps <= 0 or gamma < 0:
     raise ConfigError(f"calibrate: need eps > 0 and gamma >= 0, got eps={eps}, gamma={gamma}")
-  keep = None if layers is None else {int(i) for i in layers}
+  active = _layer_filter(layers)
 
   def control(logits, layer, step, ctx):
-    if keep is not None and layer not in keep:
+    if not active(layer):
       return logits
     for k in ("prior", "target") + (("mask",) if mode == "probs" else ()):
       if k not in ctx:
@@ -155,9 +160,37 @@ def calibrate(*, gamma: float = 1.0, eps: float = 1e-2, layers: Sequence[int] | 
   return control
 
 
-def _layer_filter(layers: Sequence[int] | None):
-  keep = None if layers is None else {int(i) for i in layers}
-  return lambda layer: keep is None or layer in keep
+def _target_half_rule(name: str, key: str, want, rule, layers, t_range) -> Controller:
+  """A [source; target] controller: in `layers` and `t_range`, the target half becomes `rule(src, tgt, x)` with
+  x = ctx[key] (float32, of shape `want(tgt)`, named by `want.names`); the source half is unchanged."""
+  active = _layer_filter(layers)
+
+  def control(logits, layer, step, ctx):
+    if not active(layer):
+      return logits
+    if key not in ctx:
+      raise ConfigError(f"{name}: ctx needs {key!r} ({', '.join(want.names)})")
+    src, tgt = _halves(logits)
+    x = jnp.asarray(ctx[key], jnp.float32)
+    shape = want(tgt)
+    if x.shape != shape:
+      raise ConfigError(f"{name}: {key} {x.shape} must be ("
+                        + ", ".join(f"{n}={d}" for n, d in zip(want.names, shape)) + ")")
+    on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
+    return jnp.concatenate([src, jnp.where(on, rule(src, tgt, x), tgt)], axis=0)
+  return control
+
+
+def _per_pair_position_query(tgt):
+  return (tgt.shape[0], tgt.shape[3], tgt.shape[2])
+
+
+def _per_pair_query(tgt):
+  return (tgt.shape[0], tgt.shape[2])
+
+
+_per_pair_position_query.names = ("pairs", "positions", "queries")
+_per_pair_query.names = ("pairs", "queries")
 
 
 def stem_bias(*, gamma: float, layers: Sequence[int] | None = None,
@@ -170,22 +203,8 @@ def stem_bias(*, gamma: float, layers: Sequence[int] | None = None,
   layer's query tokens (0 where a position names no stem: nothing is added there)."""
   if gamma < 0:
     raise ConfigError(f"stem_bias: gamma={gamma} must be >= 0")
-  active = _layer_filter(layers)
-
-  def control(logits, layer, step, ctx):
-    if not active(layer):
-      return logits
-    if "stem_priors" not in ctx:
-      raise ConfigError("stem_bias: ctx needs 'stem_priors' (pairs, prompt positions, queries)")
-    src, tgt = _halves(logits)
-    g = jnp.asarray(ctx["stem_priors"], jnp.float32)
-    if g.shape != (tgt.shape[0], tgt.shape[3], tgt.shape[2]):
-      raise ConfigError(f"stem_bias: stem_priors {g.shape} must be (pairs={tgt.shape[0]}, positions="
-                        f"{tgt.shape[3]}, queries={tgt.shape[2]})")
-    on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
-    new = tgt + gamma * jnp.swapaxes(g, 1, 2)[:, None]
-    return jnp.concatenate([src, jnp.where(on, new, tgt)], axis=0)
-  return control
+  return _target_half_rule("stem_bias", "stem_priors", _per_pair_position_query,
+                           lambda src, tgt, g: tgt + gamma * jnp.swapaxes(g, 1, 2)[:, None], layers, t_range)
 
 
 def interpolate_source(*, layers: Sequence[int] | None = None,
@@ -194,22 +213,10 @@ def interpolate_source(*, layers: Sequence[int] | None = None,
   (1 - G) l_src + G l_tgt per query token (inside the edited stem the target's attention, outside it the
   source's); meant for the self-attention logits (B, heads, L, L). ctx: "prior" (B/2, L) in [0, 1], the edited
   stem's prior in the model's token order. Equal to `calibrate(gamma=0, modulation="linear")`."""
-  active = _layer_filter(layers)
-
-  def control(logits, layer, step, ctx):
-    if not active(layer):
-      return logits
-    if "prior" not in ctx:
-      raise ConfigError("interpolate_source: ctx needs 'prior' (pairs, queries)")
-    src, tgt = _halves(logits)
-    prior = jnp.asarray(ctx["prior"], jnp.float32)
-    if prior.shape != (tgt.shape[0], tgt.shape[2]):
-      raise ConfigError(f"interpolate_source: prior {prior.shape} must be (pairs={tgt.shape[0]}, queries="
-                        f"{tgt.shape[2]})")
+  def rule(src, tgt, prior):
     m = prior[:, None, :, None]
-    on = _halves(step_in_range(step, t_range))[1][:, None, None, None]
-    return jnp.concatenate([src, jnp.where(on, (1.0 - m) * src + m * tgt, tgt)], axis=0)
-  return control
+    return (1.0 - m) * src + m * tgt
+  return _target_half_rule("interpolate_source", "prior", _per_pair_query, rule, layers, t_range)
 
 
 def compose(*controllers: Controller) -> Controller:

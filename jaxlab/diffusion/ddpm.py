@@ -196,12 +196,17 @@ def _tables(schedule: Schedule, ts: np.ndarray, eta: float) -> dict:
           "dir": f32(np.sqrt(np.maximum(1.0 - prev - sig ** 2, 0.0)))}
 
 
+def _clipped(x, x0, eps, ab, clip):
+  """DDPM's clipped x0 (diffusers' clip_sample) and eps re-derived from it; unchanged without `clip`."""
+  if clip is None:
+    return x0, eps
+  x0 = jnp.clip(x0, clip[0], clip[1])
+  return x0, (x - jnp.sqrt(ab) * x0) / jnp.sqrt(1.0 - ab)
+
+
 def _mean(fn, schedule, x, row, clip=None):
   t = jnp.full((x.shape[0],), row["t"], jnp.int32)
-  x0, eps = split(fn(x, t), x, row["ab"], schedule.prediction)
-  if clip is not None:      # DDPM's clipped x0 (diffusers' clip_sample), eps re-derived from the clipped x0
-    x0 = jnp.clip(x0, clip[0], clip[1])
-    eps = (x - jnp.sqrt(row["ab"]) * x0) / jnp.sqrt(1.0 - row["ab"])
+  x0, eps = _clipped(x, *split(fn(x, t), x, row["ab"], schedule.prediction), row["ab"], clip)
   return jnp.sqrt(row["ab_prev"]) * x0 + row["dir"] * eps
 
 
@@ -267,9 +272,7 @@ def ddim_invert(fn: Denoiser, schedule: Schedule, x0: jax.Array, *, num_steps: i
 
   def step(x, row):
     t = jnp.full((x.shape[0],), row["t"], jnp.int32)
-    x0m, eps = split(fn(x, t), x, row["ab"], schedule.prediction)
-    if clip is not None:
-      eps = (x - jnp.sqrt(row["ab"]) * jnp.clip(x0m, clip[0], clip[1])) / jnp.sqrt(1.0 - row["ab"])
+    eps = _clipped(x, *split(fn(x, t), x, row["ab"], schedule.prediction), row["ab"], clip)[1]
     x0h = (x - jnp.sqrt(1.0 - row["ab_low"]) * eps) / jnp.sqrt(row["ab_low"])
     return jnp.sqrt(row["ab"]) * x0h + jnp.sqrt(1.0 - row["ab"]) * eps, None
   return jax.lax.scan(step, x0, tab)[0]
