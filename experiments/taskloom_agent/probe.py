@@ -35,20 +35,23 @@ def _seeds(text: str) -> list[int]:
   return [int(x) for x in text.split(",")]
 
 
-def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int = 0) -> tuple[float, list[int]]:
+def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int = 0,
+          group_at: int = 0) -> tuple[float, list[int]]:
   """(ARI of the first grouping against the families, its labels) for one seed; prefill: agent steps of random
-  actions before it (0: the tiny config's)."""
+  actions before it (0: the tiny config's); group_at: environment steps per task before the grouping (0: at the
+  end of the prefill, before any update; later: after the shared model's updates of those steps)."""
   exp = registry.load("taskloom_agent")
   c = exp.get_config(f"tiny,seed={seed}", {"agent.prefill": prefill} if prefill else {})
   prefill_env = int(c.agent.prefill) * int(c.env.action_repeat)
   c = exp.get_config(f"tiny,seed={seed}", {
       "agent.prefill": int(c.agent.prefill), "env.names": tuple(names), "grouping.num_groups": num_groups,
-      "grouping.grad_batches": grad_batches, "grouping.group_at": prefill_env, "agent.checkpoint_every": 0,
-      "env.env_steps": prefill_env + int(c.env.action_repeat)})
+      "grouping.grad_batches": grad_batches, "grouping.group_at": group_at or prefill_env,
+      "agent.checkpoint_every": 0, "env.env_steps": max(group_at, prefill_env) + int(c.env.action_repeat)})
   with train_lib.make_env(c, seed) as env, tempfile.TemporaryDirectory() as tmp:
     agent = train_lib.build_agent(c, env)
     out = online.run(agent, env, tmp, env_steps=int(c.env.env_steps), key=jax.random.key(seed),
-                     grouping=dataclasses.replace(train_lib.grouping_config(c, "grouped"), before_updates=True),
+                     grouping=dataclasses.replace(train_lib.grouping_config(c, "grouped"),
+                                                 before_updates=not group_at),
                      seed=seed, desc=None)
   labels = out["groupings"][0][1]
   return grouping_lib.adjusted_rand_index(labels, config_lib.families(names)), labels
@@ -60,6 +63,8 @@ def main(argv=None):
   p.add_argument("--grad_batches", default="4,8,16")
   p.add_argument("--names", default=",".join(config_lib.SUITE_V2))
   p.add_argument("--prefill", type=int, default=0, help="agent steps of random actions before grouping (0: tiny's)")
+  p.add_argument("--group_at", type=int, default=0,
+                 help="env steps per task before grouping (0: the prefill's end, before any update)")
   a = p.parse_args(argv)
   names = tuple(a.names.split(","))
   print(f"suite {names}, families {config_lib.families(names)}")
@@ -67,7 +72,7 @@ def main(argv=None):
     aris, t0 = [], time.time()
     seeds = _seeds(a.seeds)
     for s in seeds:
-      ari, labels = probe(s, names, gb, prefill=a.prefill)
+      ari, labels = probe(s, names, gb, prefill=a.prefill, group_at=a.group_at)
       aris.append(ari)
       print(f"  grad_batches {gb} seed {s}: ARI {ari:.3f} labels {labels}", flush=True)
     aris = np.asarray(aris)

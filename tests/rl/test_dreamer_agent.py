@@ -1,12 +1,15 @@
 """The multi-task Dreamer agent: row layout per group, regrouping, one update per grouping mode with the stage-2
 exchange, and the online loop on dm_control (episodes, grouping, checkpoints and resume)."""
 
+import os
+import signal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlab.errors import ConfigError
+from jaxlab.errors import ConfigError, Preempted
 from jaxlab.multitask import param_sharing
 from jaxlab.rl import replay
 from jaxlab.rl.dreamer import agent as agent_lib
@@ -69,7 +72,7 @@ def test_update_runs_for_every_grouping_and_exchange_ties_the_subset(agent, assi
   st = ag.init(jax.random.key(0), assign)
   buf = _buffer(3)
   members = agent_lib.member_rows(assign, 2)
-  st, met = ag.update(st, buf, members, jax.random.key(1), do_exchange=True, tau=1.0)
+  st, _, met = ag.update(st, buf, members, jax.random.key(1), do_exchange=True, tau=1.0)
   assert all(np.isfinite(float(v)) for v in met.values())
   m = int(assign.max()) + 1
   assert st["wm"]["gru"]["w"].shape[0] == m and st["ac"]["actor"][0]["w"].shape[0] == 3
@@ -98,10 +101,11 @@ class _Crash(Exception):
 
 
 class _CrashingEnv:
-  """Delegates to an environment and raises _Crash on the `at`-th call of `step` (an interrupted run)."""
+  """Delegates to an environment; on the `at`-th call of `step` raises _Crash (a crash) or, with `signal_at`,
+  sends this process SIGTERM (a preemption) and carries on."""
 
-  def __init__(self, env, at):
-    self.env, self.at, self.calls = env, at, 0
+  def __init__(self, env, at, sigterm=False):
+    self.env, self.at, self.sigterm, self.calls = env, at, sigterm, 0
 
   def __getattr__(self, name):
     return getattr(self.env, name)
@@ -109,18 +113,22 @@ class _CrashingEnv:
   def step(self, actions):
     self.calls += 1
     if self.calls == self.at:
-      raise _Crash()
+      if not self.sigterm:
+        raise _Crash()
+      os.kill(os.getpid(), signal.SIGTERM)
     return self.env.step(actions)
 
 
-def test_online_run_groups_checkpoints_and_resumes(agent, tmp_path):
+def test_online_run_groups_checkpoints_and_resumes_bit_identical(agent, tmp_path):
+  """SIGTERM mid-episode stops the run at the next episode boundary after a checkpoint; a crash after that loses
+  what came after the checkpoint; the final rerun ends exactly where an uninterrupted run ends."""
   pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'jaxlab[rl]'")
   from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
   grouping = agent_lib.GroupingConfig("grouped", group_at=400, num_groups=2, grad_batches=1, exchange_every=5)
-  kw = {"env_steps": ONLINE_STEPS, "key": jax.random.key(0), "grouping": grouping}
+  kw = {"env_steps": ONLINE_STEPS, "key": jax.random.key(0), "grouping": grouping, "eval_episodes": 1}
   ag = agent                     # checkpoint_every=600 env steps, action_repeat=8: 250 agent steps per run
 
-  def env():   # a fresh batch per run: every run starts from the same MuJoCo states
+  def env():   # a fresh batch per run, as a restarted process would build it
     return DMControlTasks(ONLINE_TASKS, seed=0)
   with env() as e:
     assert (e.obs_dim, e.act_dim) == (5, 2)
@@ -128,24 +136,53 @@ def test_online_run_groups_checkpoints_and_resumes(agent, tmp_path):
     with pytest.raises(ConfigError, match="leaves no learning after the prefill"):
       online.run(ag, e, str(tmp_path / "x"), env_steps=100, key=jax.random.key(0), grouping=grouping)
     ref = online.run(ag, e, str(tmp_path / "ref"), **kw)
-  with env() as e, pytest.raises(_Crash):   # interrupted after the checkpoint at 600 env steps (agent step 75)
-    online.run(ag, _CrashingEnv(e, REPEAT * 100), str(tmp_path / "r"), **kw)
+  # Episodes are 125 agent steps (1000 env steps / 8) plus the reset step: the first boundary is agent step 125.
+  with env() as e, pytest.raises(Preempted, match="agent step 125") as info:   # SIGTERM at agent step 50
+    online.run(ag, _CrashingEnv(e, REPEAT * 50, sigterm=True), str(tmp_path / "r"), **kw)
+  assert info.value.step == 125 and info.value.checkpoint == 125
+  with env() as e, pytest.raises(_Crash):        # resumed at 125, crashes at 155 (the next checkpoint is due later)
+    online.run(ag, _CrashingEnv(e, REPEAT * 30), str(tmp_path / "r"), **kw)
   with env() as e:
-    full = online.run(ag, e, str(tmp_path / "r"), eval_episodes=1, **kw)
-  assert ref["resumes"] == 0 and full["resumes"] == 1
+    full = online.run(ag, e, str(tmp_path / "r"), **kw)
+  assert ref["resumes"] == 0 and full["resumes"] == 1   # both reruns restored the checkpoint of agent step 125
   assert full["updates"] == ref["updates"] == (250 - 30 + 1) // 4     # one update per 4 agent steps after the prefill
   # The grouping at 400 env steps happened before the checkpoint: the resumed run restores it, not redoes it.
-  for run in (ref, full):
-    assert len(run["groupings"]) == 1 and run["groupings"][0][0] == 400
-    labels = run["groupings"][0][1]
-    assert run["assign"] == labels and len(set(labels)) == 2
-  cos = np.array(full["groupings"][0][2])
-  np.testing.assert_allclose(np.diag(cos), 1.0, atol=1e-3)
-  # One complete 1000-step episode per task (the reset step pushes the second past 2000); the resumed run starts
-  # fresh episodes at its checkpoint (agent step 75) and completes one per task too.
+  assert len(full["groupings"]) == 1 and full["groupings"][0][0] == 400
+  labels = full["groupings"][0][1]
+  assert full["assign"] == labels and len(set(labels)) == 2
+  np.testing.assert_allclose(np.diag(np.array(full["groupings"][0][2])), 1.0, atol=1e-3)
   assert sorted(e[0] for e in ref["episodes"]) == [0, 1, 2]
-  assert {e[0] for e in full["episodes"]} == {0, 1, 2}
-  assert len(full["eval"]) == 3 and all(np.isfinite(full["eval"]))
+  for k in ("episodes", "eval", "groupings", "assign", "updates", "metrics"):
+    assert full[k] == ref[k], k
+  for a, b in zip(jax.tree.leaves(full["state"]), jax.tree.leaves(ref["state"])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_replay_context_carries_the_acting_latent_and_writes_it_back(tmp_path):
+  """agent.replay_context: the replay stores the posterior computed when acting; an update trains on windows
+  that start from it and writes the fresh posteriors back; LaProp and the DreamerV3 critic estimators run."""
+  ag = _agent(num_tasks=2, obs_dim=5, act_dim=2, replay_context=True, optimizer="laprop", warmup=10)
+  ag = agent_lib.Agent(ag.wcfg, behavior.BehaviorConfig(**{**ag.bcfg.__dict__, "slowtar": False, "slowreg": 1.0}),
+                       ag.cfg, exchange=r"^gru/")
+  assert ag.replay_extras() == {"deter": (16,), "stoch": (4, 4)}
+  buf = replay.init(2, 64, 5, 2, extras=ag.replay_extras())
+  assign = np.array([0, 1])
+  st = ag.init(jax.random.key(0), assign)
+  carry = ag.initial_carry(2)
+  rng = np.random.default_rng(0)
+  for i in range(40):
+    obs = rng.normal(size=(2, 5)).astype(np.float32)
+    first = np.full(2, i % 20 == 0)
+    _, carry = ag.act(st, assign, np.arange(2), carry, obs, first, jax.random.key(i))
+    buf = replay.add(buf, np.arange(2, dtype=np.int32), obs, rng.uniform(-1, 1, (2, 2)), np.ones(2), np.ones(2),
+                     first, {"deter": carry["deter"], "stoch": carry["stoch"]})
+  stored = np.asarray(buf.extra["deter"])
+  np.testing.assert_array_equal(stored[:, 39], np.asarray(carry["deter"]))
+  st, buf, met = ag.update(st, buf, agent_lib.member_rows(assign, 2), jax.random.key(1))
+  assert all(np.isfinite(float(v)) for v in met.values())
+  assert not np.array_equal(np.asarray(buf.extra["deter"]), stored)    # the sampled rows were written back
+  with pytest.raises(ConfigError, match="agent.optimizer='sgd'"):
+    agent_lib.AgentConfig(optimizer="sgd")
 
 
 def test_online_run_can_group_at_the_initialisation_before_any_update(agent, tmp_path):

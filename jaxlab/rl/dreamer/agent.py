@@ -20,9 +20,10 @@ clustering into groups each starting from the shared model (stage 1: full sharin
 average of the parameter subset `exchange` across the group models every `exchange_every` updates (stage 2),
 and a regrouping every `regroup_every` environment steps.
 
-The loop (`jaxlab.rl.dreamer.online.run`) is resumable: every `checkpoint_every` environment steps it saves the
-whole state (models, optimizers, replay, groups, counters, the episode log) with `jaxlab.checkpoint`; a rerun
-restores the newest checkpoint and continues with fresh episodes (MuJoCo states are not saved).
+The loop (`jaxlab.rl.dreamer.online.run`) is resumable: at the first episode boundary after every
+`checkpoint_every` environment steps (and on SIGTERM / Ctrl-C) it saves the whole state (models, optimizers,
+replay, groups, counters, the episode log, the environments' random streams) with `jaxlab.checkpoint`; a rerun
+restores the newest checkpoint and continues exactly as the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from jaxlab.multitask import grouping as grouping_lib
 from jaxlab.multitask import param_sharing
 from jaxlab.rl import replay
 from jaxlab.rl.dreamer import behavior, dist, rssm
+from jaxlab.rl.dreamer import opt as opt_lib
 
 MODES = ("single", "shared", "grouped")
 
@@ -51,8 +53,13 @@ class AgentConfig:
   Attributes:
     batch_size: replay windows per task per update (for any grouping the update holds T * batch_size rows).
     seq_len: window length (DreamerV3: 64).
-    model_lr, actor_lr, critic_lr: Adam learning rates (DreamerV3: 1e-4, 3e-5, 3e-5).
-    clip: global-norm gradient clip of each optimizer.
+    model_lr, actor_lr, critic_lr: learning rates of the three optimizers (DreamerV3: one LaProp at 4e-5).
+    clip: global-norm gradient clip of each optimizer ("adam" only).
+    optimizer: "adam" (Adam with a global-norm clip) or "laprop" (DreamerV3's: LaProp with per-tensor adaptive
+      gradient clipping `agc` and a linear warm-up of `warmup` updates, `jaxlab.rl.dreamer.opt`).
+    replay_context: store the posterior computed when acting with every replay step and start each training
+      window from the stored latent of the step before it; the fresh posteriors are written back (DreamerV3's
+      `replay_context: 1`). False: every window starts from the zero state.
     train_every: agent steps between updates (per vectorised environment step), a float (0.5: two updates).
     prefill: agent steps per environment of uniform random actions before the first update.
     action_repeat: environment steps per agent step (rewards summed).
@@ -73,6 +80,14 @@ class AgentConfig:
   capacity: int = 1_000_000
   imag_starts: int = 0
   checkpoint_every: int = 0
+  optimizer: str = "adam"
+  agc: float = 0.3
+  warmup: int = 0
+  replay_context: bool = False
+
+  def __post_init__(self):
+    if self.optimizer not in ("adam", "laprop"):
+      raise ConfigError(f"agent.optimizer={self.optimizer!r}: use adam or laprop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,14 +140,24 @@ class Agent:
     self.exchange_mask = param_sharing.select(template, exchange) if exchange else None
     self.num_tasks = wm_cfg.num_tasks
     self.obs_mask = None if obs_mask is None else jnp.asarray(obs_mask, jnp.float32)
-    self.wm_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.model_lr, eps=1e-8))
-    self.actor_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.actor_lr, eps=1e-5))
-    self.critic_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.critic_lr, eps=1e-5))
-    self._update = jax.jit(self._update_impl, donate_argnums=(0,), static_argnames=("members",))
+    if cfg.optimizer == "laprop":
+      self.wm_opt, self.actor_opt, self.critic_opt = (opt_lib.laprop(lr, agc=cfg.agc, warmup=cfg.warmup)
+                                                      for lr in (cfg.model_lr, cfg.actor_lr, cfg.critic_lr))
+    else:
+      self.wm_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.model_lr, eps=1e-8))
+      self.actor_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.actor_lr, eps=1e-5))
+      self.critic_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.critic_lr, eps=1e-5))
+    self._update = jax.jit(self._update_impl, donate_argnums=(0, 1), static_argnames=("members",))
     self._act = jax.jit(self._act_impl, static_argnames=("mode",))
     self._task_grads = jax.jit(self._task_grads_impl, static_argnames=("exclude",))
 
   # ---------------------------------------------------------------- state
+  def replay_extras(self) -> dict:
+    """The per-step extras the replay must store (`replay.init(..., extras=...)`)."""
+    if not self.cfg.replay_context:
+      return {}
+    return {"deter": (self.wcfg.deter,), "stoch": (self.wcfg.stoch, self.wcfg.classes)}
+
   def init(self, key, assign: np.ndarray) -> dict:
     """A fresh state: world models for the groups of `assign` (all from one initialisation), per-task heads."""
     kw, ka = jax.random.split(key)
@@ -160,14 +185,24 @@ class Agent:
     mem = np.asarray(members)                                   # (M, R), static: one trace per grouping
     m, r = mem.shape
     k_s, k_w, k_b = jax.random.split(key, 3)
-    batch = replay.sample_sequences(buf, k_s, m * r, cfg.seq_len, tasks=jnp.asarray(mem.reshape(-1)))
-    batch = {k: v.reshape((m, r) + v.shape[1:]) for k, v in batch.items() if k != "valid"}
+    ctx = int(cfg.replay_context)
+    sample = replay.sample_sequences(buf, k_s, m * r, cfg.seq_len + ctx, tasks=jnp.asarray(mem.reshape(-1)))
+    batch = {k: sample[k][:, ctx:] if k in replay.STEP_FIELDS else sample[k] for k in replay.STEP_FIELDS + ("task_id",)}
+    context = None
+    if ctx:   # the window's first row is context: its stored latent and action start the posterior of the rest
+      context = {"deter": sample["extra"]["deter"][:, 0], "stoch": sample["extra"]["stoch"][:, 0],
+                 "action": sample["action"][:, 0]}
+    split = lambda x: x.reshape((m, r) + x.shape[1:])   # noqa: E731
+    batch, context = jax.tree.map(split, batch), jax.tree.map(split, context)
 
-    def wm_one(p, o, b, k):
-      (_, (met, states)), g = jax.value_and_grad(rssm.loss, has_aux=True)(p, wcfg, b, k, self.obs_mask)
+    def wm_one(p, o, b, cx, k):
+      (_, (met, states)), g = jax.value_and_grad(rssm.loss, has_aux=True)(p, wcfg, b, k, self.obs_mask, cx)
       upd, o = self.wm_opt.update(g, o, p)
       return optax.apply_updates(p, upd), o, met, states
-    wm, wm_opt, wm_met, states = jax.vmap(wm_one)(st["wm"], st["wm_opt"], batch, jax.random.split(k_w, m))
+    wm, wm_opt, wm_met, states = jax.vmap(wm_one)(st["wm"], st["wm_opt"], batch, context, jax.random.split(k_w, m))
+    if ctx:   # fresh posteriors back to the replay (rows in member order, as sampled)
+      buf = replay.update_extra(buf, sample["task_id"], sample["slot"][:, ctx:],
+                                {k: v.reshape((m * r,) + v.shape[2:]) for k, v in states.items()})
     if exchange_mask is not None:
       wm = jax.lax.cond(do_exchange, lambda w: param_sharing.soft_average(w, exchange_mask, tau), lambda w: w, wm)
     wm_sg = jax.lax.stop_gradient(wm)
@@ -207,12 +242,13 @@ class Agent:
     new = {"wm": wm, "wm_opt": wm_opt, "ac": {"actor": actor, "critic": critic}, "slow": slow,
            "actor_opt": actor_opt, "critic_opt": critic_opt, "ret_range": ret_range}
     met = {**{f"wm/{k}": v.mean() for k, v in wm_met.items()}, **{f"ac/{k}": v for k, v in bh_met.items()}}
-    return new, met
+    return new, buf, met
 
   def update(self, st, buf, members, key, *, do_exchange=False, tau=0.0):
-    """One world-model and actor-critic step (the state is donated); `members` (M, R) are the task ids of
-    each group model's rows (`member_rows`); `do_exchange` soft-averages the exchange subset across the group
-    models with weight `tau` after the world-model step (stage 2)."""
+    """One world-model and actor-critic step; returns (state, replay, metrics) (the state and the replay are
+    donated; the replay changes only with `replay_context`); `members` (M, R) are the task ids of each group
+    model's rows (`member_rows`); `do_exchange` soft-averages the exchange subset across the group models with
+    weight `tau` after the world-model step (stage 2)."""
     members = tuple(tuple(int(x) for x in row) for row in np.asarray(members))
     return self._update(st, buf, key, jnp.asarray(do_exchange), jnp.asarray(tau, jnp.float32), members=members)
 
@@ -249,7 +285,7 @@ class Agent:
     t_n, b = self.num_tasks, self.cfg.batch_size
     tids = np.repeat(np.arange(t_n), batches * b).astype(np.int32)
     data = replay.sample_sequences(buf, key, len(tids), self.cfg.seq_len, tasks=jnp.asarray(tids))
-    data = {k: v.reshape((t_n, batches, b) + v.shape[1:]) for k, v in data.items() if k != "valid"}
+    data = {k: data[k].reshape((t_n, batches, b) + data[k].shape[1:]) for k in replay.STEP_FIELDS + ("task_id",)}
     return np.asarray(self._task_grads(model, data, exclude=tuple(exclude)))
 
   def _task_grads_impl(self, model, data, exclude):

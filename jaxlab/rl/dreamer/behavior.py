@@ -5,7 +5,12 @@ critic heads over the world model's task-conditioned features, trained on trajec
     ret  = lambda_returns(reward, gamma * continue, slow critic value, lam)
     actor loss  = - E[w_t ret_t / S] - eta E[w_t H_t]              (dynamics backpropagation), or
                   - E[w_t log pi(a_t) sg((ret_t - v_t) / S)] - eta E[w_t H_t]    (REINFORCE)
-    critic loss = E[w_t CE(critic(s_t), twohot(symlog ret_t))]       (a slow EMA copy of the critic bootstraps)
+    critic loss = E[w_t CE(critic(s_t), twohot(symlog ret_t))]
+                  + slowreg E[w_t CE(critic(s_t), twohot(symlog mean slow(s_t)))]
+
+The returns bootstrap from a slow EMA copy of the critic (`slowtar`, DreamerV2's target network) or from the
+critic itself with the slow copy as a regulariser (`slowtar=False`, `slowreg=1`: DreamerV3's defaults,
+danijar/dreamerv3 `configs.yaml` `imag_loss.slowtar: False`, `slowreg: 1.0`).
 
 S = max(1, EMA of the 95th - 5th percentile range of the returns) (DreamerV3's return normalisation); w_t is
 the cumulative product of the predicted discounts (stop-gradient). The actor is a Gaussian with a tanh mean
@@ -37,6 +42,8 @@ class BehaviorConfig:
   actor_grad: str = "dynamics"       # "dynamics" | "reinforce"
   slow_rate: float = 0.02
   num_bins: int = 255
+  slowtar: bool = True               # bootstrap the returns with the slow critic (False: the critic, DreamerV3)
+  slowreg: float = 0.0               # weight of the critic's cross-entropy to the slow critic's mean (DreamerV3 1)
 
 
 def init(key, c: BehaviorConfig, feat_dim: int) -> dict:
@@ -106,7 +113,8 @@ def losses(ac: dict, c: BehaviorConfig, wm_params: dict, wm_cfg: rssm.WorldModel
   cont = jax.nn.sigmoid(out["cont"]).at[0].set(1.0)
   disc = c.gamma * cont
   v_slow = value(sg(ac["slow"]), c, feats)
-  ret = dist.lambda_returns(reward, disc, v_slow, c.lam)                      # (H, N)
+  v_boot = v_slow if c.slowtar else sg(value(ac["critic"], c, feats))
+  ret = dist.lambda_returns(reward, disc, v_boot, c.lam)                      # (H, N)
   weight = sg(jnp.cumprod(jnp.concatenate([jnp.ones_like(disc[:1]), disc[1:-1]], 0), 0))
   mean, std = policy(ac["actor"], c, sg(feats[:-1]))
   ent = entropy(std)
@@ -117,7 +125,10 @@ def losses(ac: dict, c: BehaviorConfig, wm_params: dict, wm_cfg: rssm.WorldModel
     actor_obj = log_prob(mean, std, sg(actions)) * adv
   actor_loss = -jnp.mean(weight * (actor_obj + c.entropy * ent))
   logits = nets.mlp(ac["critic"], sg(feats[:-1]))
-  critic_loss = jnp.mean(weight * dist.twohot_loss(logits, sg(ret), dist.bins(c.num_bins)))
+  critic_ce = dist.twohot_loss(logits, sg(ret), dist.bins(c.num_bins))
+  if c.slowreg:
+    critic_ce = critic_ce + c.slowreg * dist.twohot_loss(logits, v_slow[:-1], dist.bins(c.num_bins))
+  critic_loss = jnp.mean(weight * critic_ce)
   metrics = {"actor_loss": actor_loss, "critic_loss": critic_loss, "ret": ret.mean(), "entropy": ent.mean(),
              "imag_reward": reward[1:].mean()}
   return actor_loss + critic_loss, (metrics, sg(ret))

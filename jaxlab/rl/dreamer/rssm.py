@@ -171,22 +171,29 @@ def decode(params: dict, c: WorldModelConfig, f):
   return nets.mlp(params["dec"], f)
 
 
-def shift_actions(action):
-  """The action before each step: (B, L, A) -> [0, a_0, ..., a_{L-2}] (reset to 0 by `observe` at `first`)."""
-  return jnp.concatenate([jnp.zeros_like(action[:, :1]), action[:, :-1]], 1)
+def shift_actions(action, before=None):
+  """The action before each step: (B, L, A) -> [before, a_0, ..., a_{L-2}], `before` (B, A) the action taken
+  before the window (0 when None; reset to 0 by `observe` at `first`)."""
+  first = jnp.zeros_like(action[:, :1]) if before is None else before[:, None].astype(action.dtype)
+  return jnp.concatenate([first, action[:, :-1]], 1)
 
 
-def loss(params: dict, c: WorldModelConfig, batch: dict, key, obs_mask=None):
+def loss(params: dict, c: WorldModelConfig, batch: dict, key, obs_mask=None, context=None):
   """The world-model loss of a batch of windows (replay rows: obs, action (taken at the row's observation),
   reward, discount, first (B, L), task_id (B,)); `obs_mask` (T, obs_dim) zeroes padded entries.
 
   loss = symlog MSE of the observation (image MSE) + reward two-hot CE + continue BCE
          + dyn_scale max(free, KL[sg(q) || p]) + rep_scale max(free, KL[q || sg(p)]),   mean over (B, L).
+  `context` (DreamerV3's `replay_context`): {"deter" (B, deter), "stoch" (B, stoch, classes), "action" (B, A)},
+  the latent and action of the step before each window, from which the window's posterior continues (None:
+  every window starts from the zero state).
   Returns (loss, (metrics, posterior states)).
   """
   e = params["emb"][batch["task_id"]]
   embed = encode(params, c, batch["obs"])
-  states, post_l, prior_l = observe(params, c, embed, shift_actions(batch["action"]), batch["first"], e, key)
+  start = None if context is None else {"deter": context["deter"], "stoch": context["stoch"]}
+  prev = shift_actions(batch["action"], None if context is None else context["action"])
+  states, post_l, prior_l = observe(params, c, embed, prev, batch["first"], e, key, state=start)
   f = feat(states, e[:, None])
   out = heads(params, c, f)
   rec = decode(params, c, f)
