@@ -49,7 +49,8 @@ def compile_targets(config):
   rep = mesh_lib.replicated()
   put = lambda tree: jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=rep), tree)  # noqa: E731
   buf = put(jax.eval_shape(lambda: replay.init(t_n, capacity, obs, spec.act_dim,
-                                               obs_dtype=jnp.uint8 if e.pixels else jnp.float32)))
+                                               obs_dtype=jnp.uint8 if e.pixels else jnp.float32,
+                                               extras=agent.replay_extras())))
   key = put(jax.eval_shape(lambda: jax.random.key(0)))
   flag = put(jax.ShapeDtypeStruct((), jnp.bool_))
   tau = put(jax.ShapeDtypeStruct((), jnp.float32))
@@ -59,7 +60,7 @@ def compile_targets(config):
     members = tuple(tuple(int(x) for x in row) for row in agent_lib.member_rows(assign, a.batch_size))
     st = put(jax.eval_shape(lambda k=assign: agent.init(jax.random.key(0), k)))
     update = agent._update_impl  # pylint: disable=protected-access
-    fn = jax.jit(functools.partial(update, members=members), donate_argnums=(0,))
+    fn = jax.jit(functools.partial(update, members=members), donate_argnums=(0, 1))
     one = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), st["wm"])
     heads = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), st["ac"])
     rows = t_n * a.batch_size * a.seq_len

@@ -36,7 +36,7 @@ def _seeds(text: str) -> list[int]:
 
 
 def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int = 0,
-          group_at: int = 0) -> tuple[float, list[int]]:
+          group_at: int = 0, extra: dict | None = None) -> tuple[float, list[int]]:
   """(ARI of the first grouping against the families, its labels) for one seed; prefill: agent steps of random
   actions before it (0: the tiny config's); group_at: environment steps per task before the grouping (0: at the
   end of the prefill, before any update; later: after the shared model's updates of those steps)."""
@@ -46,7 +46,8 @@ def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int
   c = exp.get_config(f"tiny,seed={seed}", {
       "agent.prefill": int(c.agent.prefill), "env.names": tuple(names), "grouping.num_groups": num_groups,
       "grouping.grad_batches": grad_batches, "grouping.group_at": group_at or prefill_env,
-      "agent.checkpoint_every": 0, "env.env_steps": max(group_at, prefill_env) + int(c.env.action_repeat)})
+      "agent.checkpoint_every": 0, "env.env_steps": max(group_at, prefill_env) + int(c.env.action_repeat),
+      **(extra or {})})
   with train_lib.make_env(c, seed) as env, tempfile.TemporaryDirectory() as tmp:
     agent = train_lib.build_agent(c, env)
     out = online.run(agent, env, tmp, env_steps=int(c.env.env_steps), key=jax.random.key(seed),
@@ -63,6 +64,8 @@ def main(argv=None):
   p.add_argument("--grad_batches", default="4,8,16")
   p.add_argument("--names", default=",".join(config_lib.SUITE_V2))
   p.add_argument("--prefill", type=int, default=0, help="agent steps of random actions before grouping (0: tiny's)")
+  p.add_argument("--measure_every", type=int, default=0, help="grouping.measure_every (0: one measurement)")
+  p.add_argument("--exclude", default="", help="grouping.exclude, comma-separated (default: the config's)")
   p.add_argument("--group_at", type=int, default=0,
                  help="env steps per task before grouping (0: the prefill's end, before any update)")
   a = p.parse_args(argv)
@@ -72,7 +75,10 @@ def main(argv=None):
     aris, t0 = [], time.time()
     seeds = _seeds(a.seeds)
     for s in seeds:
-      ari, labels = probe(s, names, gb, prefill=a.prefill, group_at=a.group_at)
+      extra = {"grouping.measure_every": a.measure_every}
+      if a.exclude:
+        extra["grouping.exclude"] = tuple(a.exclude.split(","))
+      ari, labels = probe(s, names, gb, prefill=a.prefill, group_at=a.group_at, extra=extra)
       aris.append(ari)
       print(f"  grad_batches {gb} seed {s}: ARI {ari:.3f} labels {labels}", flush=True)
     aris = np.asarray(aris)

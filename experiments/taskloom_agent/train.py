@@ -3,14 +3,15 @@
 Launch: python -m jaxlab.main --config experiments/taskloom_agent/config.py:tiny --workdir /tmp/taskloom_agent
 
 Stages (`jaxlab.train.run_stages`; each arm resumable inside its stage from its own checkpoints):
-* "baseline": returns of a uniform random policy and, on cartpole tasks, of a scripted PD controller
-  (`method.baseline_episodes` episodes per task): "baseline/random", "baseline/scripted" (one per task; None
-  where no controller is scripted).
+* "baseline": returns of a uniform random policy, of the zero action and, on cartpole tasks, of a scripted PD
+  controller (`method.baseline_episodes` episodes per task): "baseline/random", "baseline/zero",
+  "baseline/scripted" (one per task; None where no controller is scripted); "task_family" (config.families).
 * one stage per arm of `method.arms` ("single": one world model per task; "shared": one for all tasks;
   "grouped": TaskLoom's grouping and two-stage sharing), each trained online for `env.env_steps` environment
   steps per task (`jaxlab.rl.dreamer.online.run`): "<arm>/episodes" ([task, env steps, return] of every training
   episode, sampled actions), "<arm>/eval" (per task, the policy's mean action), "<arm>/assign",
-  "<arm>/groupings", "<arm>/updates", "<arm>/wall_s".
+  "<arm>/groupings", "<arm>/updates", "<arm>/wall_s", "<arm>/ari" (the first grouping's adjusted Rand index
+  against the families; None without a grouping).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import os
 import jax
 import numpy as np
 
+from jaxlab.multitask import grouping as grouping_lib
 from jaxlab.rl.dreamer import agent as agent_lib
 from jaxlab.rl.dreamer import behavior, online, rssm
 from jaxlab.train import run_stages
+
+from . import config as config_lib
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -62,7 +66,7 @@ def baseline_stage(ctx):
   with make_env(config, config.seed + 50_000) as env:
     rng = np.random.default_rng(config.seed)
     out = {}
-    for policy in ("random", "scripted"):
+    for policy in ("random", "zero", "scripted"):
       scripted = [has_scripted(nm) for nm in names]
       if policy == "scripted" and not any(scripted):
         out[policy] = [None] * len(names)
@@ -73,6 +77,8 @@ def baseline_stage(ctx):
         done = np.zeros(env.num_envs, bool)
         while not done.all():
           a = env.sample_actions(rng)
+          if policy == "zero":
+            a = np.zeros_like(a)
           if policy == "scripted":
             for i, t in enumerate(env.task_ids):
               act = scripted_action(names[t], ts.obs[i])
@@ -82,8 +88,9 @@ def baseline_stage(ctx):
           totals += np.where(done, 0.0, ts.reward)
           done |= ts.last
       per_task = [float(totals[env.task_ids == t].mean() / n) for t in range(len(names))]
-      out[policy] = [v if policy == "random" or scripted[t] else None for t, v in enumerate(per_task)]
-  return {"baseline/random": out["random"], "baseline/scripted": out["scripted"], "task_names": names}
+      out[policy] = [v if policy != "scripted" or scripted[t] else None for t, v in enumerate(per_task)]
+  return {"baseline/random": out["random"], "baseline/zero": out["zero"], "baseline/scripted": out["scripted"],
+          "task_names": names, "task_family": config_lib.families(names)}
 
 
 def build_agent(config, env):
@@ -94,11 +101,12 @@ def build_agent(config, env):
                                emb=m.emb, num_bins=m.num_bins, free_nats=m.free_nats)
   bcfg = behavior.BehaviorConfig(act_dim=env.act_dim, hidden=b.hidden, layers=b.layers, horizon=b.horizon,
                                  gamma=b.gamma, lam=b.lam, entropy=b.entropy, actor_grad=b.actor_grad,
-                                 num_bins=m.num_bins)
+                                 num_bins=m.num_bins, slowtar=b.slowtar, slowreg=b.slowreg)
   acfg = agent_lib.AgentConfig(batch_size=a.batch_size, seq_len=a.seq_len, model_lr=a.model_lr,
                                actor_lr=a.actor_lr, critic_lr=a.critic_lr, clip=a.clip, train_every=a.train_every,
                                prefill=a.prefill, action_repeat=config.env.action_repeat, imag_starts=a.imag_starts,
-                               capacity=a.capacity, checkpoint_every=a.checkpoint_every)
+                               capacity=a.capacity, checkpoint_every=a.checkpoint_every, optimizer=a.optimizer,
+                               agc=a.agc, warmup=a.warmup, replay_context=a.replay_context)
   obs_mask = None if config.env.pixels else env.obs_mask
   return agent_lib.Agent(wcfg, bcfg, acfg, obs_mask=obs_mask, exchange=g.exchange)
 
@@ -107,7 +115,8 @@ def grouping_config(config, arm: str) -> agent_lib.GroupingConfig:
   g = config.grouping
   return agent_lib.GroupingConfig(mode=arm, group_at=g.group_at, num_groups=g.num_groups, threshold=g.threshold,
                                   grad_batches=g.grad_batches, exclude=tuple(g.exclude), exchange=g.exchange,
-                                  tau=g.tau, exchange_every=g.exchange_every, regroup_every=g.regroup_every)
+                                  tau=g.tau, exchange_every=g.exchange_every, regroup_every=g.regroup_every,
+                                  before_updates=g.before_updates, loss=g.loss, measure_every=g.measure_every)
 
 
 def arm_stage(ctx, arm: str):
@@ -117,7 +126,10 @@ def arm_stage(ctx, arm: str):
     out = online.run(agent, env, ctx.subdir(), env_steps=config.env.env_steps, key=jax.random.key(config.seed),
                      grouping=grouping_config(config, arm), eval_episodes=config.method.eval_episodes,
                      seed=config.seed, desc=arm)
-  return {f"{arm}/episodes": out["episodes"], f"{arm}/eval": out["eval"], f"{arm}/assign": out["assign"],
+  ari = None
+  if out["groupings"]:   # the first grouping against the dynamics families (as the offline taskloom measures it)
+    ari = grouping_lib.adjusted_rand_index(out["groupings"][0][1], config_lib.families(config.env.names))
+  return {f"{arm}/ari": ari, f"{arm}/episodes": out["episodes"], f"{arm}/eval": out["eval"], f"{arm}/assign": out["assign"],
           f"{arm}/groupings": out["groupings"], f"{arm}/updates": out["updates"], f"{arm}/wall_s": out["wall_s"],
           f"{arm}/final": [float(np.mean([e[2] for e in out["episodes"] if e[0] == t][-2:]))
                            for t in range(env.num_tasks)]}

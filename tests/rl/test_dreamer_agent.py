@@ -198,3 +198,29 @@ def test_online_run_can_group_at_the_initialisation_before_any_update(agent, tmp
                      grouping=grouping)
   assert run["groupings"][0][0] == prefill_env and len(set(run["groupings"][0][1])) == 2
   assert run["updates"] == 2 and run["assign"] == run["groupings"][0][1]    # 8 agent steps at one update per 4
+
+
+def test_first_grouping_clusters_the_mean_affinity_of_the_shared_phase(agent, tmp_path):
+  """grouping.measure_every: affinity measurements during the shared phase are averaged into the first grouping."""
+  pytest.importorskip("dm_control", reason="dm_control is not installed: pip install 'jaxlab[rl]'")
+  from jaxlab.rl.envs.dm_control import DMControlTasks  # pylint: disable=g-import-not-at-top
+  seen = []
+  orig = agent.affinity
+
+  def affinity(*args):
+    seen.append(orig(*args))
+    return seen[-1]
+  grouping = agent_lib.GroupingConfig("grouped", group_at=640, measure_every=320, num_groups=2, grad_batches=1)
+  agent.affinity = affinity
+  try:
+    with DMControlTasks(ONLINE_TASKS, seed=0) as e:   # prefill 30 agent steps = 240 env steps; 80 steps = 640
+      run = online.run(agent, e, str(tmp_path / "m"), env_steps=640 + REPEAT, key=jax.random.key(0),
+                       grouping=grouping)
+  finally:
+    del agent.affinity
+  # measured at the prefill's end (240 env steps), at 320, and at the grouping (640)
+  assert len(seen) == 3 and len(run["groupings"]) == 1 and run["groupings"][0][0] == 640
+  np.testing.assert_allclose(run["groupings"][0][2], np.mean(seen, 0), atol=1e-4)
+  with pytest.raises(ConfigError, match="grouping.measure_every=-1"):
+    agent_lib.GroupingConfig(measure_every=-1)
+

@@ -15,7 +15,8 @@ actor-critic step for all tasks, Adam vmapped over the task axis).
 
 Grouping (`GroupingConfig`): "single" = one model per task (independent Dreamers), "shared" = one model for
 all tasks (a multi-task Dreamer with task embeddings), "grouped" = TaskLoom: one shared model until
-`group_at` environment steps per task, then per-task world-model gradients (`jaxlab.multitask.grouping`), a
+`group_at` environment steps per task, then per-task world-model gradients (`jaxlab.multitask.grouping`; their
+cosine matrix, optionally averaged over measurements every `measure_every` steps of the shared phase), a
 clustering into groups each starting from the shared model (stage 1: full sharing within a group), a soft
 average of the parameter subset `exchange` across the group models every `exchange_every` updates (stage 2),
 and a regrouping every `regroup_every` environment steps.
@@ -103,6 +104,10 @@ class GroupingConfig:
   tau: float = 0.1
   exchange_every: int = 50        # updates
   regroup_every: int = 0          # env steps per task (0: never)
+  loss: str = "obs"               # the gradient's loss: "obs" (the observation loss) or "full" (the world model's)
+  measure_every: int = 0          # env steps per task between affinity measurements (from the prefill's end)
+                                  # before the first grouping, which clusters their mean (inter-task affinity averaged over training, as TAG,
+                                  # Fifty et al. 2021, arXiv 2109.04617); 0: one measurement, at group_at
   before_updates: bool = False    # group on a step's data before that step's updates (with group_at <= the
                                   # prefill's env steps: the shared model at its initialisation, on the prefill
                                   # data, as the offline taskloom experiment groups); False: after them
@@ -112,6 +117,10 @@ class GroupingConfig:
       raise ConfigError(f"grouping.mode={self.mode!r}: use one of {', '.join(MODES)}")
     if not 0.0 <= self.tau <= 1.0:
       raise ConfigError(f"grouping.tau={self.tau} must be in [0, 1]")
+    if self.measure_every < 0:
+      raise ConfigError(f"grouping.measure_every={self.measure_every} must be >= 0 (0: measure once, at group_at)")
+    if self.loss not in ("obs", "full"):
+      raise ConfigError(f"grouping.loss={self.loss!r}: use obs or full")
 
 
 def initial_assign(mode: str, num_tasks: int) -> np.ndarray:
@@ -149,7 +158,7 @@ class Agent:
       self.critic_opt = optax.chain(optax.clip_by_global_norm(cfg.clip), optax.adam(cfg.critic_lr, eps=1e-5))
     self._update = jax.jit(self._update_impl, donate_argnums=(0, 1), static_argnames=("members",))
     self._act = jax.jit(self._act_impl, static_argnames=("mode",))
-    self._task_grads = jax.jit(self._task_grads_impl, static_argnames=("exclude",))
+    self._task_grads = jax.jit(self._task_grads_impl, static_argnames=("exclude", "loss"))
 
   # ---------------------------------------------------------------- state
   def replay_extras(self) -> dict:
@@ -279,23 +288,30 @@ class Agent:
                      key, mode=mode)
 
   # ---------------------------------------------------------------- grouping
-  def task_gradients(self, st, buf, key, batches: int, exclude=("emb", "rew")) -> np.ndarray:
-    """(T, P) mean world-model gradient of each task at the mean of the group models (observation loss)."""
+  def task_gradients(self, st, buf, key, batches: int, exclude=("emb", "rew"), loss: str = "obs") -> np.ndarray:
+    """(T, P) mean world-model gradient of each task at the mean of the group models (of the observation loss,
+    or with loss="full" the whole world-model loss)."""
     model = jax.tree.map(lambda x: x.mean(0), st["wm"])
     t_n, b = self.num_tasks, self.cfg.batch_size
     tids = np.repeat(np.arange(t_n), batches * b).astype(np.int32)
     data = replay.sample_sequences(buf, key, len(tids), self.cfg.seq_len, tasks=jnp.asarray(tids))
     data = {k: data[k].reshape((t_n, batches, b) + data[k].shape[1:]) for k in replay.STEP_FIELDS + ("task_id",)}
-    return np.asarray(self._task_grads(model, data, exclude=tuple(exclude)))
+    return np.asarray(self._task_grads(model, data, exclude=tuple(exclude), loss=loss))
 
-  def _task_grads_impl(self, model, data, exclude):
-    def obs_loss(p, batch):
-      return rssm.loss(p, self.wcfg, batch, jax.random.key(0), self.obs_mask)[1][0]["obs"]
-    return grouping_lib.task_gradients(obs_loss, model, data, exclude=exclude)
+  def _task_grads_impl(self, model, data, exclude, loss):
+    def loss_fn(p, batch):
+      total, (met, _) = rssm.loss(p, self.wcfg, batch, jax.random.key(0), self.obs_mask)
+      return met["obs"] if loss == "obs" else total
+    return grouping_lib.task_gradients(loss_fn, model, data, exclude=exclude)
 
-  def group(self, st, buf, key, g: GroupingConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(labels (T,), cosine matrix (T, T)) of the tasks' world-model gradients, clustered as `g` says."""
-    sim = grouping_lib.cosine_matrix(self.task_gradients(st, buf, key, g.grad_batches, tuple(g.exclude)))
+  def affinity(self, st, buf, key, g: GroupingConfig) -> np.ndarray:
+    """(T, T) cosine matrix of the tasks' world-model gradients (`g.grad_batches`, `g.exclude`, `g.loss`)."""
+    return grouping_lib.cosine_matrix(self.task_gradients(st, buf, key, g.grad_batches, tuple(g.exclude), g.loss))
+
+  def group(self, st, buf, key, g: GroupingConfig, sim=None) -> tuple[np.ndarray, np.ndarray]:
+    """(labels (T,), cosine matrix (T, T)) of the tasks' world-model gradients (or of the given `sim`), clustered
+    as `g` says."""
+    sim = self.affinity(st, buf, key, g) if sim is None else np.asarray(sim)
     n = g.num_groups or None
     labels = grouping_lib.cluster(sim, n, threshold=None if n else g.threshold)
     return labels.astype(np.int64), sim

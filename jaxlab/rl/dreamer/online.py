@@ -171,11 +171,23 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
         env_step = step * per_step
 
         def regroup(st, assign, members):
+          first_due = not meta["grouped"] and env_step >= g.group_at
           due = (g.mode == "grouped" and step >= cfg.prefill and
-                 ((not meta["grouped"] and env_step >= g.group_at) or
-                  (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
+                 (first_due or (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
+          measure = (g.mode == "grouped" and g.measure_every and step >= cfg.prefill and not meta["grouped"] and
+                     not first_due and env_step // g.measure_every > meta.get("measured_at", -1) // g.measure_every)
+          if measure:   # an affinity measurement of the shared phase, averaged into the first grouping
+            sim = agent.affinity(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
+            total = np.asarray(meta.get("affinity_sum", np.zeros_like(sim))) + sim
+            meta["affinity_sum"], meta["affinity_n"] = total.tolist(), meta.get("affinity_n", 0) + 1
+            meta["measured_at"] = int(env_step)
           if due:
-            new, sim = agent.group(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
+            k = jax.random.fold_in(key, 2_000_000 + step)
+            sim = None
+            if first_due and meta.get("affinity_n"):
+              sim = ((np.asarray(meta["affinity_sum"]) + agent.affinity(st, buf, k, g)) /
+                     (meta["affinity_n"] + 1))
+            new, sim = agent.group(st, buf, k, g, sim=sim)
             meta["groupings"].append([int(env_step), new.tolist(), np.round(sim, 4).tolist()])
             if not np.array_equal(new, assign):
               st = agent.split_groups(st, assign, new)
