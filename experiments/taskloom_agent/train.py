@@ -129,7 +129,8 @@ def arm_stage(ctx, arm: str):
   ari = None
   if out["groupings"]:   # the first grouping against the dynamics families (as the offline taskloom measures it)
     ari = grouping_lib.adjusted_rand_index(out["groupings"][0][1], config_lib.families(config.env.names))
-  return {f"{arm}/ari": ari, f"{arm}/episodes": out["episodes"], f"{arm}/eval": out["eval"], f"{arm}/assign": out["assign"],
+  return {f"{arm}/ari": ari, f"{arm}/episodes": out["episodes"], f"{arm}/eval": out["eval"],
+          f"{arm}/assign": out["assign"],
           f"{arm}/groupings": out["groupings"], f"{arm}/updates": out["updates"], f"{arm}/wall_s": out["wall_s"],
           f"{arm}/final": [float(np.mean([e[2] for e in out["episodes"] if e[0] == t][-2:]))
                            for t in range(env.num_tasks)]}

@@ -106,8 +106,9 @@ class GroupingConfig:
   regroup_every: int = 0          # env steps per task (0: never)
   loss: str = "obs"               # the gradient's loss: "obs" (the observation loss) or "full" (the world model's)
   measure_every: int = 0          # env steps per task between affinity measurements (from the prefill's end)
-                                  # before the first grouping, which clusters their mean (inter-task affinity averaged over training, as TAG,
-                                  # Fifty et al. 2021, arXiv 2109.04617); 0: one measurement, at group_at
+                                  # before the first grouping, which clusters their mean (inter-task affinity
+                                  # averaged over training, as TAG: Fifty et al. 2021, arXiv 2109.04617); 0: one
+                                  # measurement, at group_at
   before_updates: bool = False    # group on a step's data before that step's updates (with group_at <= the
                                   # prefill's env steps: the shared model at its initialisation, on the prefill
                                   # data, as the offline taskloom experiment groups); False: after them
