@@ -1,10 +1,11 @@
 """Issue 73's learning ladder: which of DreamerV3's defaults the single-task agent keeps at the tiny budget.
 
     python -m jaxlab.experiments.taskloom_agent.calibrate --seeds 100,101,102 --rungs v1,context,critic,reinforce
+    python -m jaxlab.experiments.taskloom_agent.calibrate --timing --rungs v1,context,reinforce
 
-Each rung is the tiny config restricted to cartpole-balance and the single-task arm, with the settings below
-added in order (each on top of the previous one; `laprop`, `all_starts` and `laprop_v3` each on top of
-`reinforce`). A row per seed and rung: the
+Each rung is the tiny config restricted to cartpole-balance and the single-task arm: `LADDER` adds DreamerV3's
+pieces in turn to the v1 agent (each rung on top of the one before); `ON_CONTEXT` tries one change each on top of
+the `context` rung (the optimiser, the replay ratio, the budget, every replayed state as an imagination start). A row per seed and rung: the
 policy's mean-action return over `method.eval_episodes` episodes after the budget and its ratio to the PD
 controller's (claim v2 1), the area under the training-return curve, the zero-action and random returns, the
 seconds the seed took. Validation seeds only (100+); the claim seeds are `config.SEEDS`.
@@ -25,34 +26,41 @@ from . import probe
 from . import train as train_lib
 
 V1 = {"behavior.actor_grad": "dynamics", "behavior.slowtar": True, "behavior.slowreg": 0.0,
-      "agent.imag_starts": 64, "agent.replay_context": False}
-RUNGS = {   # name: overrides on top of the previous rung ("laprop*": on top of "reinforce")
+      "agent.imag_starts": 64, "agent.replay_context": False, "agent.optimizer": "adam", "agent.warmup": 0}
+LADDER = {   # name: overrides, each rung on top of the one before (the first ladder: DreamerV3's pieces in turn)
     "v1": V1,
     "context": {"agent.replay_context": True},
     "critic": {"behavior.slowtar": False, "behavior.slowreg": 1.0},
     "reinforce": {"behavior.actor_grad": "reinforce"},
+}
+ON_CONTEXT = {   # name: overrides on top of "context" (the second ladder: optimiser, replay ratio, budget)
     "laprop": {"agent.optimizer": "laprop", "agent.warmup": 100},
-    "all_starts": {"agent.imag_starts": 0},
     "laprop_v3": {"agent.optimizer": "laprop", "agent.warmup": 1000, "agent.model_lr": 4e-5, "agent.actor_lr": 4e-5,
                   "agent.critic_lr": 4e-5},
+    "ratio2": {"agent.train_every": 0.5},
+    "steps20k": {"env.env_steps": 20_000},
+    "laprop_30k": {"agent.optimizer": "laprop", "agent.warmup": 100, "env.env_steps": 30_000},
+    "all_starts": {"agent.imag_starts": 0},
 }
+RUNGS = (*LADDER, *ON_CONTEXT)
 
 
 def rung_overrides(name: str) -> dict:
-  base = ["v1", "context", "critic", "reinforce"]
   if name not in RUNGS:
     raise SystemExit(f"--rungs: unknown rung {name!r}; use some of {', '.join(RUNGS)}")
-  chain = base[:base.index(name) + 1] if name in base else base + [name]   # v1 sets imag_starts 64
+  base = list(LADDER)
+  chain = base[:base.index(name) + 1] if name in LADDER else base[:2]
   out = {}
   for r in chain:
-    out.update(RUNGS[r])
+    out.update(LADDER[r])
+  out.update(ON_CONTEXT.get(name, {}))
   return out
 
 
 def run(seed: int, rung: str, env_steps: int = 0) -> dict:
   exp = registry.load("taskloom_agent")
   over = {"env.names": ("cartpole-balance",), "method.arms": ("single",), "agent.checkpoint_every": 0,
-          **rung_overrides(rung)}
+          "env.env_steps": 10_000, **rung_overrides(rung)}
   if env_steps:
     over["env.env_steps"] = env_steps
   c = exp.get_config(f"tiny,seed={seed}", over)
@@ -61,7 +69,8 @@ def run(seed: int, rung: str, env_steps: int = 0) -> dict:
     s = train_lib.train_and_evaluate(c, tmp)
   return {"seed": seed, "rung": rung, "eval": s["single/eval"][0], "pd": s["baseline/scripted"][0],
           "zero": s["baseline/zero"][0], "random": s["baseline/random"][0],
-          "auc": config_lib.auc(s, "single"), "seconds": time.time() - t0}
+          "auc": config_lib.auc(s, "single"), "seconds": time.time() - t0,
+          "last": [round(e[2]) for e in s["single/episodes"]][-6:]}
 
 
 def timing(rung: str, updates: int = 30) -> dict:
@@ -101,7 +110,7 @@ def timing(rung: str, updates: int = 30) -> dict:
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--seeds", default="100,101,102")
-  p.add_argument("--rungs", default=",".join(RUNGS))
+  p.add_argument("--rungs", default=",".join(LADDER))
   p.add_argument("--env_steps", type=int, default=0, help="environment steps (0: the tiny config's)")
   p.add_argument("--timing", action="store_true", help="only time the suite's updates per rung")
   a = p.parse_args(argv)
@@ -117,7 +126,8 @@ def main(argv=None):
       r = run(seed, rung, a.env_steps)
       rows.append(r)
       print(f"  {rung} seed {seed}: eval {r['eval']:.1f} ({r['eval'] / r['pd']:.3f} x PD {r['pd']:.1f}; zero "
-            f"{r['zero']:.1f}, random {r['random']:.1f}), AUC {r['auc']:.1f}, {r['seconds']:.0f} s", flush=True)
+            f"{r['zero']:.1f}, random {r['random']:.1f}), AUC {r['auc']:.1f}, last training episodes {r['last']}, "
+            f"{r['seconds']:.0f} s", flush=True)
     ratio = np.array([r["eval"] / r["pd"] for r in rows])
     print(f"{rung}: eval / PD min {ratio.min():.3f} mean {ratio.mean():.3f}; AUC mean "
           f"{np.mean([r['auc'] for r in rows]):.1f}; {np.mean([r['seconds'] for r in rows]):.0f} s a seed", flush=True)

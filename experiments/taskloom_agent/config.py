@@ -160,17 +160,19 @@ def get_config(arg=None):
                                          image_size=64, workers=0, env_steps=10_000))
   c.model = ml_collections.ConfigDict(dict(deter=64, stoch=8, classes=8, hidden=64, layers=2, emb=4, num_bins=63,
                                            cnn_depth=32, free_nats=1.0))
-  # The actor-critic follows DreamerV3's estimators: returns bootstrapped by the critic, the slow critic as a
-  # regulariser (slowtar False, slowreg 1), REINFORCE for the actor (README "Claims v2": where we differ).
+  # behavior: actor_grad dynamics | reinforce (DreamerV3); slowtar: returns bootstrapped by the slow critic (False:
+  # by the critic, DreamerV3), slowreg: weight of the critic's regulariser towards the slow critic (DreamerV3: 1).
+  # The tiny setting keeps v1's (README "Claims v2": the learning ladder).
   c.behavior = ml_collections.ConfigDict(dict(hidden=64, layers=2, horizon=15, gamma=0.99, lam=0.95, entropy=3e-4,
-                                              actor_grad="reinforce", slowtar=False, slowreg=1.0))
+                                              actor_grad="dynamics", slowtar=True, slowreg=0.0))
   # agent: batch_size windows per task per update, one update every train_every agent steps after the prefill;
   # replay_context: windows start from the latent stored when acting (DreamerV3's replay_context 1);
-  # imag_starts 0: every replayed posterior starts an imagined trajectory; optimizer adam | laprop.
+  # imag_starts: imagination starts per task per update (0: every replayed posterior, DreamerV3); optimizer adam |
+  # laprop (DreamerV3's: LaProp with per-tensor adaptive gradient clipping `agc` and `warmup` updates of warm-up).
   c.agent = ml_collections.ConfigDict(dict(batch_size=8, seq_len=32, model_lr=1e-3, actor_lr=3e-4, critic_lr=3e-4,
-                                           clip=100.0, train_every=1.0, prefill=250, imag_starts=0,
+                                           clip=100.0, train_every=1.0, prefill=250, imag_starts=64,
                                            capacity=1_000_000, checkpoint_every=2000, replay_context=True,
-                                           optimizer="adam", agc=0.3, warmup=0))
+                                           optimizer="laprop", agc=0.3, warmup=100))
   # grouping (arm "grouped"): one shared model until group_at env steps per task, then per-task world-model
   # gradients (top-level modules in `exclude` left out), clustering into num_groups (0: by threshold), stage 2
   # soft-averages `exchange` every exchange_every updates with weight tau; regroup every regroup_every env steps
@@ -183,8 +185,7 @@ def get_config(arg=None):
   c.method = ml_collections.ConfigDict(dict(arms=ARMS, baseline_episodes=5, eval_episodes=10))
   if arg.variant == "tiny_v1":   # the v1 claim setting (README "v1"): one dynamics family, the v1 agent
     c.env.names = CARTPOLE
-    c.behavior.update(actor_grad="dynamics", slowtar=True, slowreg=0.0)
-    c.agent.update(imag_starts=64, replay_context=False)
+    c.agent.update(replay_context=False, optimizer="adam", warmup=0)
     c.grouping.update(group_at=2000, num_groups=1, grad_batches=4, before_updates=False)
     c.method.update(arms=("single", "grouped"), eval_episodes=1)
   elif arg.variant == "small":
@@ -195,9 +196,9 @@ def get_config(arg=None):
                  env_steps=1_000_000 if visual else 500_000, workers=8 if visual else 0)
     # DreamerV3 size S-like world model, its default learning rates, horizon 333 (gamma 0.997), 255 bins.
     c.model.update(deter=512, stoch=32, classes=32, hidden=512, layers=2, emb=16, num_bins=255)
-    c.behavior.update(hidden=512, gamma=0.997)
-    c.agent.update(batch_size=16, seq_len=64, model_lr=1e-4, actor_lr=3e-5, critic_lr=3e-5, clip=1000.0,
-                   train_every=2.0, prefill=2500, checkpoint_every=50_000)
+    c.behavior.update(hidden=512, gamma=0.997, actor_grad="reinforce", slowtar=False, slowreg=1.0)
+    c.agent.update(batch_size=16, seq_len=64, model_lr=4e-5, actor_lr=4e-5, critic_lr=4e-5, warmup=1000,
+                   train_every=2.0, prefill=2500, imag_starts=0, checkpoint_every=50_000)
     c.grouping.update(group_at=50_000, regroup_every=100_000, num_groups=0, threshold=0.5, before_updates=False)
     if visual:   # the replay lives on the device: 20 tasks x 25k steps of 64x64x3 uint8 frames is 6.1 GB
       c.agent.capacity = 25_000
