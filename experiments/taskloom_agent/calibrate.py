@@ -3,12 +3,13 @@
     python -m jaxlab.experiments.taskloom_agent.calibrate --seeds 100,101,102 --rungs v1,context,critic,reinforce
     python -m jaxlab.experiments.taskloom_agent.calibrate --timing --rungs v1,context,reinforce
 
-Each rung is the tiny config restricted to cartpole-balance and the single-task arm: `LADDER` adds DreamerV3's
-pieces in turn to the v1 agent (each rung on top of the one before); `ON_CONTEXT` tries one change each on top of
-the `context` rung (the optimiser, the replay ratio, the budget, every replayed state as an imagination start). A row per seed and rung: the
-policy's mean-action return over `method.eval_episodes` episodes after the budget and its ratio to the PD
-controller's (claim v2 1), the area under the training-return curve, the zero-action and random returns, the
-seconds the seed took. Validation seeds only (100+); the claim seeds are `config.SEEDS`.
+Each rung is the tiny config restricted to cartpole-balance and the single-task arm. `LADDER` adds DreamerV3's
+pieces in turn to the v1 agent (each rung on top of the one before); `ON_CONTEXT` tries one change each on top
+of the `context` rung (the optimiser, the replay ratio, the budget, every replayed state as an imagination
+start). A row per seed and rung: the policy's mean-action return over `method.eval_episodes` episodes after the
+budget and its ratio to the PD controller's (claim v2 1), the area under the training-return curve, the
+zero-action and random returns, the last training episodes, the seconds the seed took. Validation seeds only
+(100+); the claim seeds are `config.SEEDS`. `--timing` times one update of the 4-task suite per rung instead.
 """
 
 from __future__ import annotations

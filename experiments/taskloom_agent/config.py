@@ -50,15 +50,21 @@ def _task(run, name):
   return list(run["task_names"]).index(name)
 
 
+def balance_eval(run) -> float:
+  """The single-task agent's mean-action return on cartpole-balance: the "balance" stage's when it ran, else the
+  suite's single arm's."""
+  return float(run["balance/eval"][0] if "balance/eval" in run else run["single/eval"][_task(run, BALANCE)])
+
+
 def eval_vs_pd(runs):
   """Smallest ratio over seeds of the single-task agent's mean-action return on cartpole-balance
   (`method.eval_episodes` episodes) to the PD controller's."""
-  return float(min(r["single/eval"][_task(r, BALANCE)] / r["baseline/scripted"][_task(r, BALANCE)] for r in runs))
+  return float(min(balance_eval(r) / r["baseline/scripted"][_task(r, BALANCE)] for r in runs))
 
 
 def eval_vs_zero(runs):
   """Smallest ratio over seeds of the same return to the zero action's (reported)."""
-  return float(min(r["single/eval"][_task(r, BALANCE)] / r["baseline/zero"][_task(r, BALANCE)] for r in runs))
+  return float(min(balance_eval(r) / r["baseline/zero"][_task(r, BALANCE)] for r in runs))
 
 
 def auc(run, arm, tasks=None):
@@ -126,22 +132,25 @@ def vs_scripted(runs):
 
 RESULTS = dict(  # this experiment's row of the README results table (values from claims.json)
     experiment="`taskloom_agent` (TaskLoom, ICML 2026: the online multi-task Dreamer agent)",
-    claim=("cartpole, 10k env steps per task, 3 seeds: the single-task agent's final return on balance >= 2x a "
-           "random policy's and >= 0.5x a PD controller's on every seed; on the 3-task cartpole family, grouped "
-           "sharing has the larger area under the return curve than single-task agents (95% t interval over "
-           "seeds above 0)"),
-    note="README: a zero-action policy already scores 0.75x the PD controller on balance",
+    claim=("v2, 10 seeds: the single-task agent's mean-action return on cartpole-balance after 30k env steps >= 0.8x "
+           "a PD controller's on every seed; on a 2-family suite (cartpole balance / balance_sparse, reacher easy / "
+           "hard; 10k steps per task) grouped sharing has a larger area under the return curve than independent "
+           "agents (95% t interval above 0) and no smaller than all-shared on cartpole; the grouping equals the "
+           "families on most seeds"),
+    note="README: v1 (3 seeds, one family) failed 2 of 3; its audit and numbers stay there",
 )
 
 # The canary (`python -m jaxlab.reproduce --verify`, jaxlab.canary): the tiny variant shrunk, every stage and claim.
 CANARY = {"env.env_steps": 1200, "agent.prefill": 100, "agent.train_every": 6.0, "agent.batch_size": 2,
           "agent.seq_len": 16, "model.deter": 16, "model.hidden": 16, "behavior.hidden": 16, "behavior.horizon": 5,
-          "grouping.group_at": 400, "grouping.grad_batches": 1, "method.baseline_episodes": 1,
-          "method.eval_episodes": 1, "agent.checkpoint_every": 400}
+          "grouping.group_at": 800, "grouping.measure_every": 200, "grouping.grad_batches": 1,
+          "method.baseline_episodes": 1, "method.eval_episodes": 1, "method.balance_steps": 1200,
+          "agent.checkpoint_every": 400}
 
 CLAIMS = [
     claims.Claim("eval_vs_pd", "smallest over seeds: the single-task agent's mean-action return on "
-                 "cartpole-balance (10 episodes) / the PD controller's", eval_vs_pd, ">=", 0.8),
+                 "cartpole-balance (10 episodes, after method.balance_steps) / the PD controller's", eval_vs_pd,
+                 ">=", 0.8),
     claims.Claim("auc_gain_low", "lower end of the 95% t interval over seeds of AUC(grouped) - AUC(single), mean "
                  "over the suite's 4 tasks", auc_gain_low, ">", 0.0),
     claims.Claim("shared_penalty_low", "precondition of grouped_vs_shared: lower end of the 95% t interval of "
@@ -178,16 +187,18 @@ def get_config(arg=None):
   # soft-averages `exchange` every exchange_every updates with weight tau; regroup every regroup_every env steps
   # (0: never); before_updates: group on the step's data before its updates (at the end of the prefill: the
   # shared model as initialised).
-  c.grouping = ml_collections.ConfigDict(dict(group_at=1000, num_groups=2, threshold=0.5, grad_batches=8,
+  c.grouping = ml_collections.ConfigDict(dict(group_at=2000, num_groups=2, threshold=0.5, grad_batches=8,
                                               exclude=("emb", "rew"), exchange=r"^gru/", tau=0.1,
-                                              exchange_every=50, regroup_every=0, before_updates=True,
-                                              loss="obs", measure_every=0))
-  c.method = ml_collections.ConfigDict(dict(arms=ARMS, baseline_episodes=5, eval_episodes=10))
+                                              exchange_every=50, regroup_every=0, before_updates=False,
+                                              loss="obs", measure_every=125))
+  # balance_steps: environment steps of claim v2 1's single-task agent on cartpole-balance alone (stage
+  # "balance"; 0: no such stage, claim 1 then reads the suite's single arm)
+  c.method = ml_collections.ConfigDict(dict(arms=ARMS, baseline_episodes=5, eval_episodes=10, balance_steps=30_000))
   if arg.variant == "tiny_v1":   # the v1 claim setting (README "v1"): one dynamics family, the v1 agent
     c.env.names = CARTPOLE
     c.agent.update(replay_context=False, optimizer="adam", warmup=0)
-    c.grouping.update(group_at=2000, num_groups=1, grad_batches=4, before_updates=False)
-    c.method.update(arms=("single", "grouped"), eval_episodes=1)
+    c.grouping.update(group_at=2000, num_groups=1, grad_batches=4, measure_every=0)
+    c.method.update(arms=("single", "grouped"), eval_episodes=1, balance_steps=0)
   elif arg.variant == "small":
     c.env.env_steps = 50_000
   elif arg.variant == "full":
@@ -199,7 +210,8 @@ def get_config(arg=None):
     c.behavior.update(hidden=512, gamma=0.997, actor_grad="reinforce", slowtar=False, slowreg=1.0)
     c.agent.update(batch_size=16, seq_len=64, model_lr=4e-5, actor_lr=4e-5, critic_lr=4e-5, warmup=1000,
                    train_every=2.0, prefill=2500, imag_starts=0, checkpoint_every=50_000)
-    c.grouping.update(group_at=50_000, regroup_every=100_000, num_groups=0, threshold=0.5, before_updates=False)
+    c.grouping.update(group_at=50_000, regroup_every=100_000, num_groups=0, threshold=0.5, measure_every=5_000)
+    c.method.balance_steps = 0
     if visual:   # the replay lives on the device: 20 tasks x 25k steps of 64x64x3 uint8 frames is 6.1 GB
       c.agent.capacity = 25_000
   return configs.finalize(c, validate)

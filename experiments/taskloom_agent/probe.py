@@ -1,10 +1,13 @@
 """Issue 73's grouping probe: does the online agent's grouping recover the dynamics families at its start?
 
     python -m jaxlab.experiments.taskloom_agent.probe --seeds 200-219 --grad_batches 4,8,16
+    python -m jaxlab.experiments.taskloom_agent.probe --seeds 200-209 --group_at 2000 --measure_every 125
 
 For each seed and setting: the tiny agent on a multi-family suite (`config.SUITE_V2` by default) collects its
-prefill (random actions), then groups the tasks once, before any update (`grouping.before_updates`): the
-shared world model at its initialisation, the per-task observation-loss gradients (`grouping.exclude`), their
+prefill (random actions), then groups the tasks once: by default before any update (`grouping.before_updates`:
+the shared world model at its initialisation; with `--group_at` after the shared model's updates up to then,
+optionally averaging the affinities measured every `--measure_every` steps), the per-task gradients of the
+observation loss (`--loss full`: of the world-model loss; `--exclude`: top-level modules left out), their
 cosines clustered into `num_groups` groups. The adjusted Rand index (ARI) of those groups against the domain
 labels (`config.families`) is what claim v2 3 asks for; the offline taskloom experiment measures it the same
 way. Prints one row per setting: ARI = 1 on how many seeds, the mean ARI and the seconds a seed took.
@@ -61,11 +64,12 @@ def probe(seed: int, names, grad_batches: int, num_groups: int = 2, prefill: int
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--seeds", default="200-219")
-  p.add_argument("--grad_batches", default="4,8,16")
+  p.add_argument("--grad_batches", default="8")
   p.add_argument("--names", default=",".join(config_lib.SUITE_V2))
   p.add_argument("--prefill", type=int, default=0, help="agent steps of random actions before grouping (0: tiny's)")
   p.add_argument("--measure_every", type=int, default=0, help="grouping.measure_every (0: one measurement)")
   p.add_argument("--exclude", default="", help="grouping.exclude, comma-separated (default: the config's)")
+  p.add_argument("--loss", default="obs", help="grouping.loss: obs | full")
   p.add_argument("--group_at", type=int, default=0,
                  help="env steps per task before grouping (0: the prefill's end, before any update)")
   a = p.parse_args(argv)
@@ -75,7 +79,7 @@ def main(argv=None):
     aris, t0 = [], time.time()
     seeds = _seeds(a.seeds)
     for s in seeds:
-      extra = {"grouping.measure_every": a.measure_every}
+      extra = {"grouping.measure_every": a.measure_every, "grouping.loss": a.loss}
       if a.exclude:
         extra["grouping.exclude"] = tuple(a.exclude.split(","))
       ari, labels = probe(s, names, gb, prefill=a.prefill, group_at=a.group_at, extra=extra)

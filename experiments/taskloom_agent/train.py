@@ -6,6 +6,8 @@ Stages (`jaxlab.train.run_stages`; each arm resumable inside its stage from its 
 * "baseline": returns of a uniform random policy, of the zero action and, on cartpole tasks, of a scripted PD
   controller (`method.baseline_episodes` episodes per task): "baseline/random", "baseline/zero",
   "baseline/scripted" (one per task; None where no controller is scripted); "task_family" (config.families).
+* "balance" (when `method.balance_steps` > 0): claim v2 1's single-task agent, cartpole-balance alone for that
+  many environment steps: "balance/episodes", "balance/eval" (the policy's mean action), "balance/updates".
 * one stage per arm of `method.arms` ("single": one world model per task; "shared": one for all tasks;
   "grouped": TaskLoom's grouping and two-stage sharing), each trained online for `env.env_steps` environment
   steps per task (`jaxlab.rl.dreamer.online.run`): "<arm>/episodes" ([task, env steps, return] of every training
@@ -20,6 +22,7 @@ import functools
 import os
 
 import jax
+import ml_collections
 import numpy as np
 
 from jaxlab.multitask import grouping as grouping_lib
@@ -32,6 +35,8 @@ from . import config as config_lib
 
 def train_and_evaluate(config, workdir: str) -> dict:
   stages = {"baseline": baseline_stage}
+  if config.method.balance_steps:
+    stages["balance"] = balance_stage
   for arm in config.method.arms:
     stages[arm] = functools.partial(arm_stage, arm=arm)
   return run_stages(config, workdir, stages)
@@ -117,6 +122,21 @@ def grouping_config(config, arm: str) -> agent_lib.GroupingConfig:
                                   grad_batches=g.grad_batches, exclude=tuple(g.exclude), exchange=g.exchange,
                                   tau=g.tau, exchange_every=g.exchange_every, regroup_every=g.regroup_every,
                                   before_updates=g.before_updates, loss=g.loss, measure_every=g.measure_every)
+
+
+def balance_stage(ctx):
+  """Claim v2 1's single-task agent: cartpole-balance alone for `method.balance_steps` environment steps (the
+  suite's environment seed; its PD and zero-action baselines are the baseline stage's)."""
+  config = ctx.config
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.env.names, c.env.env_steps = (config_lib.BALANCE,), int(config.method.balance_steps)
+  with make_env(c, config.seed) as env:
+    agent = build_agent(c, env)
+    out = online.run(agent, env, ctx.subdir(), env_steps=c.env.env_steps, key=jax.random.key(config.seed),
+                     grouping=grouping_config(c, "single"), eval_episodes=config.method.eval_episodes,
+                     seed=config.seed, desc="balance")
+  return {"balance/episodes": out["episodes"], "balance/eval": out["eval"], "balance/updates": out["updates"],
+          "balance/wall_s": out["wall_s"]}
 
 
 def arm_stage(ctx, arm: str):

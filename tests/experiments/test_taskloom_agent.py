@@ -15,8 +15,9 @@ from jaxlab.errors import ConfigError
 NAME = "taskloom_agent"
 SHORT = {"env.env_steps": 1200, "agent.prefill": 100, "agent.train_every": 6.0, "agent.batch_size": 2,
          "agent.seq_len": 16, "model.deter": 16, "model.hidden": 16, "behavior.hidden": 16, "behavior.horizon": 5,
-         "grouping.group_at": 400, "grouping.grad_batches": 1, "method.baseline_episodes": 1,
-         "method.eval_episodes": 1, "agent.checkpoint_every": 400}
+         "grouping.group_at": 800, "grouping.measure_every": 200, "grouping.grad_batches": 1,
+         "method.baseline_episodes": 1, "method.eval_episodes": 1, "method.balance_steps": 1200,
+         "agent.checkpoint_every": 400}
 
 
 @canary_covered
@@ -26,7 +27,7 @@ def test_end_to_end_claims_and_resume(tmp_path):
   cfg = exp.config_module
   wd = tmp_path / "run"
   s = check_end_to_end(NAME, wd, SHORT)
-  assert s["stages"] == ["baseline", "single", "shared", "grouped"]
+  assert s["stages"] == ["baseline", "balance", "single", "shared", "grouped"]
   assert s["task_names"] == list(cfg.SUITE_V2) and s["task_family"] == [0, 0, 1, 1]
   rnd, zero, pd = s["baseline/random"], s["baseline/zero"], s["baseline/scripted"]
   assert pd[2] is None and pd[0] > 900 and rnd[0] < 600 and 600 < zero[0] < 900   # PD balances; zero action drifts
@@ -35,14 +36,15 @@ def test_end_to_end_claims_and_resume(tmp_path):
     assert sorted(eps[:, 0].tolist()) == [0, 1, 2, 3]               # 1200 steps: one 1000-step episode per task
     assert len(s[f"{arm}/eval"]) == 4
   groups = s["grouped/groupings"]
-  # grouped at the end of the prefill (agent step 100 = 400 env steps), before any update, into 2 groups
-  assert len(groups) == 1 and groups[0][0] == 400 and len(set(s["grouped/assign"])) == 2
+  # affinities measured at the prefill's end (400 env steps) and at 600, averaged with the one at 800: 2 groups
+  assert len(groups) == 1 and groups[0][0] == 800 and len(set(s["grouped/assign"])) == 2
   assert s["grouped/ari"] == pytest.approx(grouping.adjusted_rand_index(groups[0][1], [0, 0, 1, 1]))
   assert s["single/ari"] is None and s["shared/ari"] is None
   for claim in exp.claims:
     assert claim.check([s, s])["measured"] is not None
   # The statistics against a direct computation.
-  ev = s["single/eval"][0]
+  assert len(s["balance/eval"]) == 1 and {e[0] for e in s["balance/episodes"]} == {0}
+  ev = s["balance/eval"][0]
   assert cfg.eval_vs_pd([s]) == pytest.approx(ev / pd[0])
   assert cfg.eval_vs_zero([s]) == pytest.approx(ev / zero[0])
   g, one, sh = (np.array(s[f"{a}/episodes"]) for a in ("grouped", "single", "shared"))
@@ -74,11 +76,15 @@ def test_claim_statistics_against_a_direct_computation():
     runs.append({"task_names": names, "baseline/random": [float(rng.uniform(50, 150)), 0.0, 1.0, 1.0],
                  "baseline/zero": [float(rng.uniform(700, 800)), 0.0, 1.0, 1.0],
                  "baseline/scripted": [float(rng.uniform(800, 1000)), 0.0, None, None],
-                 "single/eval": [float(rng.uniform(500, 1000)), 0.0, 0.0, 0.0],
+                 "balance/eval": [float(rng.uniform(500, 1000))],
                  "grouped/ari": float(rng.choice([1.0, 0.0])),
                  **{f"{a}/episodes": eps[a] for a in cfg.ARMS}})
-  assert cfg.eval_vs_pd(runs) == pytest.approx(min(r["single/eval"][0] / r["baseline/scripted"][0] for r in runs))
-  assert cfg.eval_vs_zero(runs) == pytest.approx(min(r["single/eval"][0] / r["baseline/zero"][0] for r in runs))
+  assert cfg.eval_vs_pd(runs) == pytest.approx(min(r["balance/eval"][0] / r["baseline/scripted"][0] for r in runs))
+  assert cfg.eval_vs_zero(runs) == pytest.approx(min(r["balance/eval"][0] / r["baseline/zero"][0] for r in runs))
+  no_stage = [{**r, "single/eval": [0.5, 0.0, 0.0, 0.0]} for r in runs]      # no "balance" stage: the single arm's
+  for r in no_stage:
+    del r["balance/eval"]
+  assert cfg.eval_vs_pd(no_stage) == pytest.approx(min(0.5 / r["baseline/scripted"][0] for r in runs))
 
   def auc(r, arm, tasks):
     e = np.array(r[f"{arm}/episodes"])
