@@ -158,30 +158,34 @@ def arm_stage(ctx, arm: str):
 
 def plot(runs, workdirs, out_dir):
   """returns.png: training-episode return against environment steps per task, one line per arm (mean over
-  seeds, seeds thin), with the random policy and the PD controller as dashed lines."""
+  seeds, seeds thin), with the random policy, the zero action and the PD controller as dotted / dash-dot / dashed
+  lines; with a "balance" stage, a first panel for claim v2 1's single-task agent."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   del workdirs
   names = runs[0]["task_names"]
   arms = [a for a in ("single", "shared", "grouped") if f"{a}/episodes" in runs[0]]
-  fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-  colors = {"single": "#4477aa", "shared": "#228833", "grouped": "#ee6677"}
-  for t, ax in enumerate(axes[0]):
-    for arm in arms:
+  panels = [(t, names[t], arms) for t in range(len(names))]
+  if "balance/episodes" in runs[0]:
+    panels.insert(0, (names.index(config_lib.BALANCE), f"{config_lib.BALANCE} alone", ["balance"]))
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+  colors = {"single": "#4477aa", "shared": "#228833", "grouped": "#ee6677", "balance": "#4477aa"}
+  for (t, title, panel_arms), ax in zip(panels, axes[0]):
+    for arm in panel_arms:
       curves = []
       for r in runs:
-        eps = np.asarray([e for e in r[f"{arm}/episodes"] if e[0] == t], np.float64)
+        eps = np.asarray([e for e in r[f"{arm}/episodes"] if arm == "balance" or e[0] == t], np.float64)
         ax.plot(eps[:, 1], eps[:, 2], color=colors[arm], lw=0.6, alpha=0.4)
         curves.append(eps)
       k = min(len(c) for c in curves)
       mean = np.mean([c[:k, 2] for c in curves], axis=0)
-      ax.plot(curves[0][:k, 1], mean, color=colors[arm], lw=2, label=arm)
-    rnd = np.mean([r["baseline/random"][t] for r in runs])
-    ax.axhline(rnd, color="k", ls=":", lw=1, label="random")
-    if runs[0]["baseline/scripted"][t] is not None:
-      ax.axhline(np.mean([r["baseline/scripted"][t] for r in runs]), color="k", ls="--", lw=1, label="PD")
-    ax.set_title(names[t])
+      ax.plot(curves[0][:k, 1], mean, color=colors[arm], lw=2, label="single" if arm == "balance" else arm)
+    for key, style, label in (("random", ":", "random"), ("zero", "-.", "zero action"), ("scripted", "--", "PD")):
+      vals = [r.get(f"baseline/{key}", [None] * len(names))[t] for r in runs]
+      if all(v is not None for v in vals):
+        ax.axhline(np.mean(vals), color="k", ls=style, lw=1, label=label)
+    ax.set_title(title)
     ax.set_xlabel("environment steps (this task)")
     ax.set_ylabel("episode return")
   axes[0][0].legend(fontsize=8)

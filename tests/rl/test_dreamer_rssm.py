@@ -40,6 +40,30 @@ def _batch(key, b=3, length=6, obs_dim=3, act_dim=2, first_at=()):
   return {**_random(key, b, length, obs_dim, act_dim), "first": jnp.asarray(first)}
 
 
+def test_loss_context_continues_the_previous_window():
+  """rssm.loss(context=...): a window started from the latent and action of the step before it equals the same
+  steps observed as the continuation of that step (DreamerV3's replay_context)."""
+  c = rssm.WorldModelConfig(**SMALL)
+  p = _init(jax.random.key(0), c)
+  batch = _batch(jax.random.key(1), length=6)
+  e = p["emb"][batch["task_id"]]
+  embed = rssm.encode(p, c, batch["obs"])
+  prev = rssm.shift_actions(batch["action"])
+  keys = jax.random.split(jax.random.key(2), 6)
+  s = rssm.initial(c, (3,))
+  for t in range(3):      # the first three steps, one by one: the latent at step 2 is the context of the rest
+    s, _, _ = _obs_step(p, c, s, prev[:, t], embed[:, t], batch["first"][:, t], e, keys[t])
+  rest = {k: (v[:, 3:] if k != "task_id" else v) for k, v in batch.items()}
+  context = {"deter": s["deter"], "stoch": s["stoch"], "action": batch["action"][:, 2]}
+  key = jax.random.key(3)
+  _, (_, states) = _loss(p, c, rest, key, None, context)
+  want, _, _ = _observe(p, c, embed[:, 3:], prev[:, 3:], batch["first"][:, 3:], e, key, state=s)
+  np.testing.assert_allclose(states["deter"], want["deter"], atol=1e-5)
+  # Without context the window starts from zeros: a different deterministic state.
+  _, (_, zero_start) = _loss(p, c, rest, key)
+  assert not np.allclose(zero_start["deter"][:, 0], want["deter"][:, 0], atol=1e-3)
+
+
 def test_observe_equals_step_by_step_and_resets_at_first():
   c = rssm.WorldModelConfig(**SMALL)
   p = _init(jax.random.key(0), c)
