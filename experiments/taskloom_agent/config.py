@@ -4,9 +4,11 @@ multi-task RL with a DreamerV3-style RSSM, imagination actor-critic and grouped 
 The agent (`jaxlab.rl.dreamer`) follows DreamerV3 (Hafner et al., arXiv 2301.04104); the grouping by gradient
 cosine, the within-group sharing and the exchange across groups are our reconstruction of the abstract (README).
 
-Variants: tiny (the cartpole family: balance, balance_sparse, swingup; 10k environment steps per task, small
-networks, CPU), small (the same tasks at 50k steps), full (DMC Proprio, the 18 tasks of DreamerV3 at 500k
-steps; "variant=full,visual=True": DMC Visual, 20 tasks, 64x64 pixels, 1M steps, MUJOCO_GL=egl).
+Variants: tiny (claims v2: two dynamics families, cartpole balance / balance_sparse and reacher easy / hard, 10k
+environment steps per task, small networks, CPU; plus cartpole-balance alone for 30k steps), tiny_v1 (the v1
+claim setting: the cartpole family balance, balance_sparse, swingup and the v1 agent), small (the v2 suite at 50k
+steps), full (DMC Proprio, the 18 tasks of DreamerV3 at 500k steps; "variant=full,visual=True": DMC Visual, 20
+tasks, 64x64 pixels, 1M steps, MUJOCO_GL=egl).
 
 Launch: python -m jaxlab.main --config experiments/taskloom_agent/config.py:tiny --workdir /tmp/taskloom_agent
 """
@@ -36,6 +38,8 @@ def families(names) -> list[int]:
   taskloom experiment labels its tasks)."""
   domains = sorted({n.split("-")[0] for n in names})
   return [domains.index(n.split("-")[0]) for n in names]
+
+
 FINAL_EPISODES = 2             # v1's "return after the budget": mean of the last training episodes
 BALANCE = "cartpole-balance"   # claim v2 1's task
 NEGATIVE_TRANSFER_FAMILY = "cartpole"   # claim v2 2b's family (pre-registered from the calibration, README)
