@@ -18,9 +18,13 @@ import argparse
 import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxlab import registry
+from jaxlab.rl import replay
+from jaxlab.rl.dreamer import agent as agent_lib
 
 from . import config as config_lib
 from . import probe
@@ -77,10 +81,6 @@ def run(seed: int, rung: str, env_steps: int = 0) -> dict:
 def timing(rung: str, updates: int = 30) -> dict:
   """Seconds per update of the tiny config on its suite (rung's settings), per grouping, after the compile; the
   replay holds one episode of random steps per task."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from jaxlab.rl import replay  # pylint: disable=g-import-not-at-top
-  from jaxlab.rl.dreamer import agent as agent_lib  # pylint: disable=g-import-not-at-top
   exp = registry.load("taskloom_agent")
   c = exp.get_config("tiny", rung_overrides(rung))
   out = {}

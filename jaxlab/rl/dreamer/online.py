@@ -144,6 +144,35 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
       items = {"agent": st, "replay": buf, "carry": carry, "timestep": _timestep_arrays(env, agent, ts)}
       ckpt.save(meta["steps"], items, meta={"loop": meta}, force=True)
 
+  def regroup(st, assign, members, step, env_step):
+    """The grouping's measurements and (re)groupings due at this agent step."""
+    first_due = not meta["grouped"] and env_step >= g.group_at
+    due = (g.mode == "grouped" and step >= cfg.prefill and
+           (first_due or (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
+    measure = (g.mode == "grouped" and g.measure_every and step >= cfg.prefill and not meta["grouped"] and
+               not first_due and env_step // g.measure_every > meta.get("measured_at", -1) // g.measure_every)
+    if measure:   # an affinity measurement of the shared phase, averaged into the first grouping
+      sim = agent.affinity(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
+      total = np.asarray(meta.get("affinity_sum", np.zeros_like(sim))) + sim
+      meta["affinity_sum"], meta["affinity_n"] = total.tolist(), meta.get("affinity_n", 0) + 1
+      meta["measured_at"] = int(env_step)
+    if due:
+      k = jax.random.fold_in(key, 2_000_000 + step)
+      sim = None
+      if first_due and meta.get("affinity_n"):
+        sim = ((np.asarray(meta["affinity_sum"]) + agent.affinity(st, buf, k, g)) /
+               (meta["affinity_n"] + 1))
+      new, sim = agent.group(st, buf, k, g, sim=sim)
+      meta["groupings"].append([int(env_step), new.tolist(), np.round(sim, 4).tolist()])
+      if not np.array_equal(new, assign):
+        st = agent.split_groups(st, assign, new)
+        assign = new
+        members = agent_lib.member_rows(assign, cfg.batch_size)
+      meta["assign"] = assign.tolist()
+      meta["grouped"] = True
+      meta["next_regroup"] = int(env_step + g.regroup_every) if g.regroup_every else 0
+    return st, assign, members
+
   try:
     with loop_lib.StopFlag() as flag:
       while meta["steps"] < total_steps:
@@ -169,37 +198,8 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
           meta["episodes"].append([int(tasks[i]), int(step * per_step), float(ret_acc[i])])
           ret_acc[i] = 0.0
         env_step = step * per_step
-
-        def regroup(st, assign, members):
-          first_due = not meta["grouped"] and env_step >= g.group_at
-          due = (g.mode == "grouped" and step >= cfg.prefill and
-                 (first_due or (meta["grouped"] and g.regroup_every and env_step >= meta["next_regroup"])))
-          measure = (g.mode == "grouped" and g.measure_every and step >= cfg.prefill and not meta["grouped"] and
-                     not first_due and env_step // g.measure_every > meta.get("measured_at", -1) // g.measure_every)
-          if measure:   # an affinity measurement of the shared phase, averaged into the first grouping
-            sim = agent.affinity(st, buf, jax.random.fold_in(key, 2_000_000 + step), g)
-            total = np.asarray(meta.get("affinity_sum", np.zeros_like(sim))) + sim
-            meta["affinity_sum"], meta["affinity_n"] = total.tolist(), meta.get("affinity_n", 0) + 1
-            meta["measured_at"] = int(env_step)
-          if due:
-            k = jax.random.fold_in(key, 2_000_000 + step)
-            sim = None
-            if first_due and meta.get("affinity_n"):
-              sim = ((np.asarray(meta["affinity_sum"]) + agent.affinity(st, buf, k, g)) /
-                     (meta["affinity_n"] + 1))
-            new, sim = agent.group(st, buf, k, g, sim=sim)
-            meta["groupings"].append([int(env_step), new.tolist(), np.round(sim, 4).tolist()])
-            if not np.array_equal(new, assign):
-              st = agent.split_groups(st, assign, new)
-              assign = new
-              members = agent_lib.member_rows(assign, cfg.batch_size)
-            meta["assign"] = assign.tolist()
-            meta["grouped"] = True
-            meta["next_regroup"] = int(env_step + g.regroup_every) if g.regroup_every else 0
-          return st, assign, members
-
         if g.before_updates:
-          st, assign, members = regroup(st, assign, members)
+          st, assign, members = regroup(st, assign, members, step, env_step)
         if step >= cfg.prefill:
           meta["credit"] += 1.0 / cfg.train_every
           while meta["credit"] >= 1.0:
@@ -211,7 +211,7 @@ def run(agent: agent_lib.Agent, env, workdir: str, *, env_steps: int, key, group
             meta["updates"] = u + 1
             meta["credit"] -= 1.0
         if not g.before_updates:
-          st, assign, members = regroup(st, assign, members)
+          st, assign, members = regroup(st, assign, members, step, env_step)
         bar.update(1)
         if step % 100 == 0 and metrics:
           bar.set_postfix(progress.postfix({k: float(v) for k, v in metrics.items()}))
