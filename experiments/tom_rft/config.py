@@ -41,21 +41,33 @@ def _orders(run, orders) -> np.ndarray:
   return np.isin(o, orders)
 
 
-def per_question(run, arm: str, orders) -> np.ndarray:
-  """Greedy correctness (0/1) of an arm on the test questions of the given orders."""
-  return _bits(run[f"eval/correct_{arm}"])[_orders(run, orders)].astype(np.float64)
+def per_question(run, arm: str, orders, fb: bool = False) -> np.ndarray:
+  """Greedy correctness (0/1) of an arm on the test questions of the given orders (fb: false-belief ones only,
+  where the answer is not the object's real location)."""
+  keep = _orders(run, orders)
+  if fb:
+    keep &= _bits(run["eval/test_fb"]) == 1
+  return _bits(run[f"eval/correct_{arm}"])[keep].astype(np.float64)
 
 
-def paired_diff(runs, a: str, b: str, orders, *, reps: int = 4000, level: float = 0.95) -> tuple[float, float]:
-  """Mean over seeds of acc(a) - acc(b) on `orders`, and the lower end of its two-sided paired bootstrap
-  interval (questions resampled within each seed, the same draw for both arms)."""
+def paired_interval(runs, a: str, b: str, orders, *, fb: bool = False, reps: int = 4000,
+                    level: float = 0.95) -> tuple[float, float, float]:
+  """Mean over seeds of acc(a) - acc(b) on `orders` (fb: false-belief questions only), and the lower and upper
+  ends of its two-sided paired bootstrap interval (questions resampled within each seed, the same draw for both
+  arms)."""
   rng = np.random.default_rng(0)
   point, boots = 0.0, np.zeros(reps)
   for r in runs:
-    d = per_question(r, a, orders) - per_question(r, b, orders)
+    d = per_question(r, a, orders, fb) - per_question(r, b, orders, fb)
     point += d.mean() / len(runs)
     boots += d[rng.integers(0, len(d), size=(reps, len(d)))].mean(axis=1) / len(runs)
-  return point, float(np.quantile(boots, (1 - level) / 2))
+  low, high = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+  return point, float(low), float(high)
+
+
+def paired_diff(runs, a: str, b: str, orders, *, reps: int = 4000, level: float = 0.95) -> tuple[float, float]:
+  """(mean difference, lower interval end) of `paired_interval` on all questions of `orders` (claims v1)."""
+  return paired_interval(runs, a, b, orders, reps=reps, level=level)[:2]
 
 
 def _diff(a, b, orders):
@@ -64,6 +76,18 @@ def _diff(a, b, orders):
 
 def _diff_low(a, b, orders):
   return lambda runs: paired_diff(runs, a, b, orders)[1]
+
+
+def _fb_low(a, b, orders):
+  return lambda runs: paired_interval(runs, a, b, orders, fb=True)[1]
+
+
+def _fb_high(a, b, orders):
+  return lambda runs: paired_interval(runs, a, b, orders, fb=True)[2]
+
+
+def _gate_min(prefix):
+  return lambda runs: float(min(v for r in runs for k, v in r.items() if k.startswith(prefix)))
 
 
 RESULTS = dict(  # this experiment's row of the README results table (values from claims.json)
@@ -83,8 +107,12 @@ CANARY = {"data.n_cold": 64, "data.n_train": 64, "data.n_test_per_order": 8, "co
           "train.checkpoint_every": 1, "train.log_every": 1, "train.optimizer.warmup_steps": 1, "rft.prompts": 8,
           "rft.samples": 2, "rft.num_steps": 2, "audit.n_train": 200, "audit.n_test": 100, "eval.batch": 40,
           "eval.kl_prompts": 4, "pretrain.num_steps": 3, "pretrain.batch_size": 8, "pretrain.n_per_length": 8,
-          "pretrain.lengths": (2, 4), "pretrain.warmup_steps": 1}
+          "pretrain.lengths": (2, 4), "pretrain.warmup_steps": 1,
+          "pretrain.n_test_length": 8, "gate.enforce": False}
 
+# Claims v2 (issue 74; v1 and its audit stay in the README): the audit claims as in v1; the competence gate; then
+# every comparison on FALSE-BELIEF questions (the answer is not the real location, so the shortcut that scored
+# 0.50 on v1's orders 1-4 scores 0), each a paired bootstrap 95% interval over seeds and questions.
 CLAIMS = [
     claims.Claim("naive_shortcut", "naive data: the best heuristic probe's accuracy on false-belief questions minus "
                  "chance (smallest over seeds)", claims.minimum("audit/naive_best_heuristic_gap"), ">=", 0.30),
@@ -93,25 +121,23 @@ CLAIMS = [
     claims.Claim("free_learned_probe", "shortcut-free data: the EXIT-deleted learned probe minus chance on "
                  "false-belief questions (largest over seeds)", claims.maximum("audit/free_no_exits_gap"), "<=",
                  0.10),
-    claims.Claim("think_gain", "Thinking-RFT greedy accuracy on orders 0-2 minus its cold start's (mean over seeds)",
-                 _diff("think", "cold_think", RL), ">=", 0.10),
-    claims.Claim("think_vs_shuffled", "Thinking-RFT minus the shuffled-reward control, orders 0-2 (mean over seeds)",
-                 _diff("think", "shuffled", RL), ">=", 0.10),
+    claims.Claim("gate_base_o0", "competence gate: the base's held-out order-0 accuracy, smallest over formats and "
+                 "seeds", _gate_min("gate/base_o0_"), ">=", 0.98),
+    claims.Claim("gate_cold_o1_fb", "competence gate: the cold starts' order-1 false-belief accuracy, smallest "
+                 "over both starts and seeds (chance 0.2)", _gate_min("gate/cold_"), ">=", 0.40),
+    claims.Claim("think_gain_fb", "false-belief questions of orders 1-2: lower end of the 95% interval of "
+                 "Thinking-RFT minus its cold start", _fb_low("think", "cold_think", (1, 2)), ">", 0.0),
+    claims.Claim("think_vs_nothink_o2_fb", "order-2 false-belief questions: lower end of the 95% interval of "
+                 "Thinking-RFT minus No-Thinking-RFT", _fb_low("think", "nothink", (2,)), ">", 0.0),
+    claims.Claim("think_vs_sft_o2_fb", "order-2 false-belief questions: lower end of the 95% interval of "
+                 "Thinking-RFT minus SFT", _fb_low("think", "sft", (2,)), ">", 0.0),
+    claims.Claim("heldout_vs_sft_fb", "held-out orders 3-4, false-belief questions: lower end of the 95% "
+                 "interval of Thinking-RFT minus SFT", _fb_low("think", "sft", HELD_OUT), ">", 0.0),
     claims.Claim("think_format", "format-valid rate of Thinking-RFT's greedy outputs (smallest over seeds)",
                  claims.minimum("eval/format_think"), ">=", 0.98),
-    claims.Claim("think_vs_nothink_o2", "order 2: Thinking-RFT minus No-Thinking-RFT (mean over seeds)",
-                 _diff("think", "nothink", (2,)), ">=", 0.05),
-    claims.Claim("think_vs_nothink_o2_ci", "order 2: lower end of the paired bootstrap 95% interval of "
-                 "Thinking-RFT minus No-Thinking-RFT", _diff_low("think", "nothink", (2,)), ">", 0.0),
-    claims.Claim("think_vs_sft_o2", "order 2: Thinking-RFT minus SFT (mean over seeds)",
-                 _diff("think", "sft", (2,)), ">=", 0.05),
-    claims.Claim("think_vs_sft_o2_ci", "order 2: lower end of the paired bootstrap 95% interval of Thinking-RFT "
-                 "minus SFT", _diff_low("think", "sft", (2,)), ">", 0.0),
-    claims.Claim("heldout_vs_sft_ci", "held-out orders 3-4: lower end of the paired bootstrap 95% interval of "
-                 "Thinking-RFT minus SFT", _diff_low("think", "sft", HELD_OUT), ">", 0.0),
-    claims.Claim("pair_consistency", "counterfactual twins (all test orders): Thinking-RFT's pair consistency minus "
-                 "SFT's (mean over seeds)",
-                 lambda runs: float(np.mean([r["eval/pairs_think"] - r["eval/pairs_sft"] for r in runs])), ">=", 0.0),
+    claims.Claim("shuffled_no_gain_fb", "false-belief questions of orders 1-2: upper end of the 95% interval of "
+                 "the shuffled-reward control minus its cold start", _fb_high("shuffled", "cold_think", (1, 2)),
+                 "<", 0.03),
 ]
 
 
@@ -132,7 +158,9 @@ def get_config(arg=None):
       trace="anchor",
       cold_orders=(0, 1), rl_orders=(0, 1, 2), test_orders=(0, 1, 2, 3, 4),
       n_cold=2000, n_train=4000, n_test_per_order=1000,
-      instruction_think="", instruction_nothink="",   # appended to prompts (full: an instruct model's request)
+      # appended to prompts: the format request (tiny: one word of the tokenizer, jaxlab.tom.tokens.FORMAT_WORDS;
+      # full: an instruct model's sentence), so one base answers in either format when asked
+      instruction_think=" THINK", instruction_nothink=" ANSWER",
       seq_len=112))
   c.model = ml_collections.ConfigDict(dict(
       hf_path="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256, max_position=128,
@@ -148,7 +176,13 @@ def get_config(arg=None):
   # model.hf_path: no pretraining.
   c.pretrain = ml_collections.ConfigDict(dict(
       num_steps=2500, batch_size=32, learning_rate=3e-3, warmup_steps=25, orders=(0,),
-      lengths=(2, 3, 4, 5, 6, 8, 10), max_distractors=1, n_per_length=1500, formats=("nothink",), seed=0, cache_dir=""))
+      lengths=(2, 3, 4, 5, 6, 8, 10), max_distractors=1, n_per_length=1500, n_test_length=6000, curriculum_steps=0,
+      curriculum_format="nothink",
+      formats=("nothink", "think"), seed=0, cache_dir=""))
+  # The competence gate (pre-registered; checked after the cold starts, before any arm runs): the base's held-out
+  # order-0 accuracy in each format >= order0 and each cold start's order-1 false-belief accuracy >=
+  # false_belief_o1 (chance 1/6; "answer the real location" scores 0). enforce=False runs the arms anyway.
+  c.gate = ml_collections.ConfigDict(dict(order0=0.98, false_belief_o1=0.4, enforce=True))
   # The cold starts (SFT from the base, or from model.hf_path) on data.cold_orders.
   c.cold = ml_collections.ConfigDict(dict(num_steps=400, batch_size=32, learning_rate=3e-3, warmup_steps=25))
   # Arm `sft`: continues the no-thinking cold start on data.rl_orders with gold answers; batch = train.batch_size
@@ -219,9 +253,17 @@ def validate(c):
                       f"{d.num_agents}: raise num_agents or drop the high orders")
   if min(d.n_cold, d.n_train, d.n_test_per_order) < 2:
     raise ConfigError("config.data.n_cold, n_train and n_test_per_order must be >= 2")
+  if c.pretrain.curriculum_format not in ("think", "nothink"):
+    raise ConfigError(f"config.pretrain.curriculum_format={c.pretrain.curriculum_format!r}: use think or nothink")
   if not c.pretrain.formats or set(c.pretrain.formats) - {"think", "nothink"} or not c.pretrain.lengths:
     raise ConfigError(f"config.pretrain.formats={tuple(c.pretrain.formats)} must name think / nothink and "
                       f"pretrain.lengths={tuple(c.pretrain.lengths)} at least one story length")
+  if not (0 <= c.gate.order0 <= 1 and 0 <= c.gate.false_belief_o1 <= 1):
+    raise ConfigError(f"config.gate.order0={c.gate.order0} and gate.false_belief_o1={c.gate.false_belief_o1} are "
+                      "accuracies: use values in [0, 1]")
+  if c.pretrain.n_test_length < 0 or not 0 <= c.pretrain.curriculum_steps < max(c.pretrain.num_steps, 1):
+    raise ConfigError(f"config.pretrain.n_test_length={c.pretrain.n_test_length} must be >= 0 and "
+                      f"pretrain.curriculum_steps={c.pretrain.curriculum_steps} in [0, pretrain.num_steps)")
   if c.cold.num_steps < 0 or c.cold.batch_size < 1:
     raise ConfigError("config.cold.num_steps must be >= 0 and cold.batch_size >= 1")
   if g.temperature <= 0 or g.max_new_tokens < 1:

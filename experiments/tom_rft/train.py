@@ -4,15 +4,21 @@ Launch: python -m jaxlab.main --config experiments/tom_rft/config.py:tiny --work
 The run is a sequence of stages (`jaxlab.train.run_stages`; each recorded once, a rerun skips the finished ones):
 
 * `audit` (generated data only): the shortcut audit (`jaxlab.tom.audit`) of naive and shortcut-free data;
+* `pretrain` (no model.hf_path): the base, order-0 questions in both formats (the prompt ends with the format
+  request, data.instruction_think / instruction_nothink), cached across runs;
 * `cold_think` / `cold_nothink`: SFT on data.cold_orders with the reasoning trace / the bare answer (resumable
   sub-runs in workdir/stages/<name>/); only those the arms need;
 * `eval_cold`: greedy scores of the cold starts on the test questions;
+* `gate`: the competence gate (config.gate, pre-registered): the base's held-out order-0 accuracy in each format
+  and each cold start's order-1 false-belief accuracy; a failing gate stops the run before any arm (a
+  ConfigError naming the numbers) unless gate.enforce is off;
 * one stage per arm of config.method.arms, each from its cold start in its own resumable sub-run, then scored:
   per-question greedy correctness on every test order, format-valid rate, pair consistency of the
   counterfactual twins and, for the GRPO arms, the Monte Carlo KL to the cold start.
 
 summary.json (written once, at the end) holds every stage's results; `eval/correct_<arm>` are strings of 0/1
-per test question (orders in `eval/test_orders`), from which the claims' paired bootstrap intervals are drawn.
+per test question (orders in `eval/test_orders`, false beliefs in `eval/test_fb`), from which the claims' paired
+bootstrap intervals are drawn.
 """
 
 from __future__ import annotations
@@ -80,6 +86,7 @@ def _read(path, what):
     r = {"prompt": str(rec["prompt"]), "answer": str(rec["answer"]), "order": int(rec["order"]),
          "trace": None if rec.get("trace") is None else str(rec["trace"])}
     r["pair"] = None if rec.get("twin_id") is None else str(rec["twin_id"])
+    r["false_belief"] = rec.get("false_belief")
     rows.append(r)
   return rows
 
@@ -203,11 +210,14 @@ def score(config, model, tok, test, name: str, think: bool) -> dict:
   correct = np.asarray(fn(texts, test)) > 0
   valid = _valid(think)(texts)
   orders = np.asarray([r["order"] for r in test])
+  fb = np.asarray([bool(r.get("false_belief")) for r in test])
   out = {f"eval/correct_{name}": "".join("1" if x else "0" for x in correct),
          f"eval/acc_{name}": float(correct.mean()), f"eval/format_{name}": float(valid.mean()),
          f"eval/pairs_{name}": pair_consistency(test, correct)}
   for k in sorted(set(orders.tolist())):
     out[f"eval/acc_{name}_o{k}"] = float(correct[orders == k].mean())
+    if (fb & (orders == k)).any():    # false-belief questions: the real-location rule scores 0 on them
+      out[f"eval/acc_{name}_o{k}_fb"] = float(correct[fb & (orders == k)].mean())
   return out
 
 
@@ -219,15 +229,16 @@ def rollout_spec(config, tok, num_generations=None) -> trainers.RolloutSpec:
                               temperature=g.temperature, stop_tokens=(tok.eos_id,), pad_id=tok.pad_id)
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """Audit, the cold starts the arms need, their scores, then every arm of config.method.arms."""
+def train_and_evaluate(config, workdir: str, until: str | None = None) -> dict:
+  """Audit, the base, the cold starts the arms need, their scores, the competence gate, then every arm of
+  config.method.arms (`until="gate"`: stop after the gate, the calibration's runs)."""
   config_lib.check_inputs(config)
   cold, train, test = datasets(config)
   tok = tokenizer_for(config, cold + train + test)
   mcfg = model_config(config, tok)
   run = _Run(config, tok, ModelDef(lambda rngs: Transformer(mcfg, rngs=rngs)), mcfg, cold, train, test)
   stages = {}
-  if config.data.source == "generator":
+  if config.data.source == "generator" and until != "gate":     # the gate's calibration skips the audit
     stages["audit"] = run.audit
   arms = tuple(config.method.arms)
   colds = [k for k, need in (("cold_think", any(a in THINK_ARMS for a in arms)),
@@ -238,8 +249,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     for k in colds:
       stages[k] = functools.partial(run.cold, think=k == "cold_think")
   stages["eval_cold"] = functools.partial(run.eval_cold, colds=colds)
-  for arm in arms:
-    stages[arm] = functools.partial(run.arm, arm=arm)
+  stages["gate"] = functools.partial(run.gate, colds=colds)
+  if until != "gate":
+    for arm in arms:
+      stages[arm] = functools.partial(run.arm, arm=arm)
   return run_stages(config, workdir, stages)
 
 
@@ -282,27 +295,40 @@ class _Run:
     from jaxlab import cache  # pylint: disable=g-import-not-at-top
     from jaxlab.tom import stories, tokens  # pylint: disable=g-import-not-at-top
     c, p, d = self.config, self.config.pretrain, self.config.data
-    spec = {"what": "tom_rft base v2", "pretrain": {k: v for k, v in p.to_dict().items() if k != "cache_dir"},
+    spec = {"what": "tom_rft base v3", "pretrain": {k: v for k, v in p.to_dict().items() if k != "cache_dir"},
             "model": dataclasses.asdict(self.mcfg), "data": {k: d[k] for k in (
-                "num_agents", "num_containers", "names", "seq_len")},
+                "num_agents", "num_containers", "names", "seq_len", "num_events", "max_distractors",
+                "instruction_think", "instruction_nothink")},
             "optimizer": c.train.optimizer.to_dict(), "generator": _generator_digest()}
     file = cache.path("tom_rft", f"base_{cache.digest(spec)}.npz", p.cache_dir)
 
     def build():
-      recs = []
-      for j, n_events in enumerate(p.lengths):
-        ex = stories.generate(p.n_per_length, seed=10_000 * p.seed + j, orders=tuple(p.orders),
-                              num_agents=d.num_agents, num_containers=d.num_containers, num_events=n_events,
-                              max_distractors=p.max_distractors)
+      # the length mix (short stories with <= pretrain.max_distractors: they break the loss plateau), then stories
+      # of the test's length and distractors (data.num_events, data.max_distractors)
+      parts = [(n_events, p.max_distractors, p.n_per_length) for n_events in p.lengths]
+      parts += [(d.num_events, d.max_distractors, p.n_test_length)] if p.n_test_length else []
+      recs, short = [], []
+      for j, (n_events, distractors, n) in enumerate(parts):
+        ex = stories.generate(n, seed=10_000 * p.seed + j, orders=tuple(p.orders), num_agents=d.num_agents,
+                              num_containers=d.num_containers, num_events=n_events, max_distractors=distractors)
         recs += [tokens.canonical(e) for e in ex] if d.names == "canonical" else ex
-      rows = stories.to_records(recs)
-      order = np.random.default_rng(p.seed).permutation(len(rows))
-      rows = [rows[i] for i in order]
-      rows = self._rows(rows, [p.formats[i % len(p.formats)] == "think" for i in range(len(rows))])
+        short += [j < len(p.lengths)] * n
+      order = np.random.default_rng(p.seed).permutation(len(recs))
+      rows = stories.to_records([recs[i] for i in order])
+      think = [p.formats[i % len(p.formats)] == "think" for i in range(len(rows))]
       pc = ml_collections.ConfigDict(c.to_dict())
       pc.seed = p.seed
-      params, _ = trainers.sft(pc, ctx.subdir(), self.modeldef, rows, num_steps=p.num_steps,
-                               learning_rate=p.learning_rate, batch_size=p.batch_size, warmup_steps=p.warmup_steps)
+      # curriculum: the first curriculum_steps on the short stories alone in pretrain.curriculum_format, the rest
+      # on the whole mix in every format
+      phases = [(np.flatnonzero(np.asarray(short)[order]), p.curriculum_steps, "short",
+                 [p.curriculum_format == "think"] * len(rows))] if p.curriculum_steps else []
+      phases.append((np.arange(len(rows)), p.num_steps - p.curriculum_steps, "mix", think))
+      params = None
+      for idx, steps, name, fmt in phases:
+        params, _ = trainers.sft(pc, os.path.join(ctx.subdir(), name), self.modeldef,
+                                 self._rows([rows[i] for i in idx], [fmt[i] for i in idx]), num_steps=steps,
+                                 learning_rate=p.learning_rate, batch_size=p.batch_size,
+                                 warmup_steps=p.warmup_steps, init_params=params)
       return self.modeldef.merge(params, {})
 
     model, cached = cache.load_or_build(file, lambda: Transformer(self.mcfg, rngs=nnx.Rngs(0)), build,
@@ -333,13 +359,41 @@ class _Run:
     return params, model
 
   def eval_cold(self, ctx, colds):
-    out = {"eval/test_orders": "".join(str(min(r["order"], 9)) for r in self.test), "num_test": len(self.test),
-           "num_train": len(self.train), "num_cold": len(self.cold_data),
+    out = {"eval/test_orders": "".join(str(min(r["order"], 9)) for r in self.test),
+           "eval/test_fb": "".join("1" if r.get("false_belief") else "0" for r in self.test),
+           "num_test": len(self.test), "num_train": len(self.train), "num_cold": len(self.cold_data),
            "rl_max_order": max(r["order"] for r in self.train)}
     for name in colds:
       params, model = self.start(ctx, name == "cold_think")
       out.update(score(self.config, model, self.tok, self.test, name, name == "cold_think"))
       out["num_params"] = param_count(params)
+    return out
+
+  def gate(self, ctx, colds):
+    """The competence gate (pre-registered, checked before any arm runs): the base's held-out order-0 accuracy in
+    each pretraining format >= gate.order0, and each cold start's accuracy on order-1 false-belief questions
+    (chance 1/num_containers; the real-location rule scores 0) >= gate.false_belief_o1."""
+    c, g = self.config, self.config.gate
+    out, failed = {}, []
+    if "pretrain" in ctx.results:
+      model = self.modeldef.merge(ctx.results["pretrain"]["params"], {})
+      model.eval()
+      test0 = [r for r in self.test if r["order"] == 0]
+      for fmt in c.pretrain.formats:
+        s = score(c, model, self.tok, test0, "base", fmt == "think")
+        out[f"gate/base_o0_{fmt}"], out[f"gate/base_format_{fmt}"] = s["eval/acc_base"], s["eval/format_base"]
+        if s["eval/acc_base"] < g.order0:
+          failed.append(f"the base's order-0 accuracy ({fmt}) {s['eval/acc_base']:.3f} < {g.order0}")
+    for name in colds:
+      acc = ctx.results["eval_cold"].get(f"eval/acc_{name}_o1_fb", float("nan"))
+      out[f"gate/{name}_o1_fb"] = acc
+      if not acc >= g.false_belief_o1:
+        failed.append(f"{name}'s order-1 false-belief accuracy {acc:.3f} < {g.false_belief_o1}")
+    out["gate/pass"] = not failed
+    if failed and g.enforce:
+      raise ConfigError(f"competence gate failed ({'; '.join(failed)}): no arm is compared on a model that cannot "
+                        "do the task; raise model.hidden / model.n_layers or pretrain / cold steps (README, "
+                        "calibration), or set gate.enforce=False to run the arms anyway")
     return out
 
   def arm(self, ctx, arm: str):

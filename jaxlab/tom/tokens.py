@@ -25,11 +25,14 @@ from jaxlab.tom.types import Event, Example, Question, Story
 
 KEYWORDS = ("INIT", "MOVE", "EXIT", "ENTER", "LIKES", "DISLIKES", "STAY", "|", "||", "Q", "C", "->", "none")
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# Format requests a prompt can end with (" THINK": reason, then answer; " ANSWER": the answer alone); last in the
+# vocabulary, so adding them kept every other word's id.
+FORMAT_WORDS = (" THINK", " ANSWER")
 
 
 def vocabulary(containers: Iterable[str] | None = None, agents: Iterable[str] | None = None) -> list[str]:
-  """The extra specials: tags, then each keyword / agent / container with a leading space and containers also
-  without one (a trace or an answer starts right after a tag)."""
+  """The extra specials: tags, then each keyword / agent / container with a leading space, containers also
+  without one (a trace or an answer starts right after a tag), then the format requests."""
   if containers is None:
     named = [f"{c}_{k}" for k in stories.CONTAINER_KINDS for c in stories.COLORS]
     containers = named + [f"c{i + 1}" for i in range(len(named))]
@@ -37,7 +40,7 @@ def vocabulary(containers: Iterable[str] | None = None, agents: Iterable[str] | 
     agents = [a.lower() for a in stories.AGENT_NAMES] + [f"a{i + 1}" for i in range(len(stories.AGENT_NAMES))]
   containers, agents = list(dict.fromkeys(containers)), list(dict.fromkeys(agents))
   words = list(TAGS) + ["INIT"] + [" " + w for w in KEYWORDS if w != "INIT"]
-  words += [" " + a for a in agents] + [" " + c for c in containers] + containers
+  words += [" " + a for a in agents] + [" " + c for c in containers] + containers + list(FORMAT_WORDS)
   return list(dict.fromkeys(words))
 
 

@@ -12,7 +12,8 @@ from jaxlab.errors import ConfigError
 
 # The experiment's canary (its config.py's CANARY), on a 4x2 mesh of the 8 test devices.
 SHORT = {**registry.load("tom_rft").config_module.CANARY, "mesh": (("data", 4), ("model", 2))}
-STAGES = ["audit", "pretrain", "cold_think", "cold_nothink", "eval_cold", "sft", "nothink", "think", "shuffled", "rft"]
+STAGES = ["audit", "pretrain", "cold_think", "cold_nothink", "eval_cold", "gate", "sft", "nothink", "think",
+          "shuffled", "rft"]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,6 +57,16 @@ def test_end_to_end_every_arm_and_resume(reference):
     assert [r["step"] for r in rows] == [1, 2] and np.isfinite(rows[-1]["rollout/answer"])
   assert "rollout/format" in metrics.read_metrics(str(wd / "stages" / "think"))[-1]
   assert s["audit/naive_best_heuristic_gap"] > 0.3       # claim 1's naive half already shows at 200 / 100 stories
+  fb, orders = np.array([int(b) for b in s["eval/test_fb"]]), np.array([int(o) for o in s["eval/test_orders"]])
+  assert not fb[orders == 0].any() and fb[orders > 0].any()  # order 0 is the real location: never a false belief
+  for arm in ("cold_think", "think"):
+    bits = np.array([int(b) for b in s[f"eval/correct_{arm}"]])
+    for k in range(1, 5):
+      if (fb & (orders == k)).any():
+        assert s[f"eval/acc_{arm}_o{k}_fb"] == pytest.approx(bits[(fb == 1) & (orders == k)].mean())
+  for fmt in ("think", "nothink"):   # the canary's base and cold starts fail the gate; gate.enforce is off there
+    assert 0.0 <= s[f"gate/base_o0_{fmt}"] <= 1.0
+  assert s["gate/pass"] is False and {"gate/cold_think_o1_fb", "gate/cold_nothink_o1_fb"} <= set(s)
   assert s["pretrain/cached"] is False and s["rl_max_order"] == 2
   assert (wd / "stages" / "rft" / "rft_stats.json").exists()
 
@@ -63,9 +74,47 @@ def test_end_to_end_every_arm_and_resume(reference):
 @canary_covered
 def test_only_the_needed_cold_starts_run(tmp_path, reference):
   s = _run(tmp_path, {**SHORT, "method.arms": ("think",), "audit.n_train": 60, "audit.n_test": 60})
-  assert s["stages"] == ["audit", "pretrain", "cold_think", "eval_cold", "think"]
+  assert s["stages"] == ["audit", "pretrain", "cold_think", "eval_cold", "gate", "think"]
   assert s["pretrain/cached"] is True                      # the reference run built this base
   assert "eval/correct_cold_nothink" not in s
+
+
+def test_failed_gate_stops_the_run_before_any_arm(tmp_path, reference):
+  overrides = {**SHORT, "method.arms": ("sft",), "gate.enforce": True}
+  with pytest.raises(ConfigError, match="competence gate failed .*order-1 false-belief"):
+    _run(tmp_path, overrides)
+  assert not (tmp_path / "stages" / "sft").exists() and not (tmp_path / "summary.json").exists()
+
+
+def test_calibration_refuses_claim_seeds(tmp_path, capsys):
+  from jaxlab.experiments.tom_rft import calibrate
+  with pytest.raises(SystemExit):
+    calibrate.main(["--seed", "1", "--workdir", str(tmp_path / "cal")])
+  assert "not a validation seed" in capsys.readouterr().err and not (tmp_path / "cal").exists()
+
+
+def test_format_words_end_the_vocabulary():
+  from jaxlab.tom import tokens
+  words = tokens.vocabulary()
+  assert tuple(words[-2:]) == tokens.FORMAT_WORDS and len(set(words)) == len(words)
+  tok, c = tokens.tokenizer(), registry.load("tom_rft").get_config("tiny", {})
+  for instruction in (c.data.instruction_think, c.data.instruction_nothink):
+    assert len(tok.encode(instruction)) == 1 and tok.decode(tok.encode(instruction)) == instruction
+
+
+def test_false_belief_interval_matches_a_brute_force_loop():
+  cfg = registry.load("tom_rft").config_module
+  rng = np.random.default_rng(4)
+  runs = []
+  for _ in range(3):
+    runs.append({"eval/test_orders": "".join(str(k) for k in rng.integers(0, 5, size=400)),
+                 "eval/test_fb": "".join(str(b) for b in rng.integers(0, 2, size=400)),
+                 **{f"eval/correct_{a}": "".join(str(b) for b in (rng.random(400) < p).astype(int))
+                    for a, p in (("think", 0.6), ("sft", 0.5))}})
+  point, low, high = cfg.paired_interval(runs, "think", "sft", (1, 2), fb=True, reps=2000)
+  diffs = [np.mean([int(r["eval/correct_think"][i]) - int(r["eval/correct_sft"][i]) for i in range(400)
+                    if r["eval/test_orders"][i] in "12" and r["eval/test_fb"][i] == "1"]) for r in runs]
+  assert point == pytest.approx(np.mean(diffs), abs=1e-12) and low < point < high
 
 
 def test_paired_bootstrap_matches_a_brute_force_loop():
