@@ -108,7 +108,7 @@ CANARY = {"data.n_cold": 64, "data.n_train": 64, "data.n_test_per_order": 8, "co
           "rft.samples": 2, "rft.num_steps": 2, "audit.n_train": 200, "audit.n_test": 100, "eval.batch": 40,
           "eval.kl_prompts": 4, "pretrain.num_steps": 3, "pretrain.batch_size": 8, "pretrain.n_per_length": 8,
           "pretrain.lengths": (2, 4), "pretrain.warmup_steps": 1,
-          "pretrain.n_test_length": 8, "gate.enforce": False}
+          "pretrain.n_test_length": 8, "pretrain.curriculum_steps": 1, "gate.enforce": False}
 
 # Claims v2 (issue 74; v1 and its audit stay in the README): the audit claims as in v1; the competence gate; then
 # every comparison on FALSE-BELIEF questions (the answer is not the real location, so the shortcut that scored
@@ -157,7 +157,7 @@ def get_config(arg=None):
       # ("c3 -> c1 -> c6", Hi-ToM-style state tracking).
       trace="anchor",
       cold_orders=(0, 1), rl_orders=(0, 1, 2), test_orders=(0, 1, 2, 3, 4),
-      n_cold=2000, n_train=4000, n_test_per_order=1000,
+      n_cold=8000, n_train=4000, n_test_per_order=1000,
       # appended to prompts: the format request (tiny: one word of the tokenizer, jaxlab.tom.tokens.FORMAT_WORDS;
       # full: an instruct model's sentence), so one base answers in either format when asked
       instruction_think=" THINK", instruction_nothink=" ANSWER",
@@ -166,25 +166,26 @@ def get_config(arg=None):
       hf_path="", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, mlp_hidden=256, max_position=128,
       dtype="float32", remat=False))
   # The base model (the paper starts from a pretrained LLM): SFT from scratch on order-0 questions ("where is the
-  # object really": world-state tracking, no beliefs) over stories of num_events in `lengths` with at most
-  # `max_distractors` mid-story distractors (a curriculum of short, clean stories: on full-length shortcut-free
-  # stories alone the answer loss sits at log(num_containers) for 1,500+ steps), in the output formats of
-  # `formats` (alternating; default the bare answer: adding the location-path trace left both formats unlearned
-  # in 1,500 steps, README).
+  # object really": world-state tracking, no beliefs) in both output formats (`formats`, alternating; the prompt
+  # ends with the format request) over stories of num_events in `lengths` with at most `max_distractors`
+  # mid-story distractors plus n_test_length stories of the test's length and distractors. A curriculum (README,
+  # calibration): the first curriculum_steps on the short stories alone in curriculum_format (on the whole mix,
+  # or with both formats from the start, the answer loss sits at its plateau for 2,000+ steps), then the whole mix
+  # at mix_learning_rate (at 3e-3 the new format's first gradients undo the first phase).
   # Trained once per settings (seed `seed`) and cached (`jaxlab.cache`, under cache_dir / $JAXLAB_CACHE_DIR);
   # every claim seed post-trains the same base, as the paper's runs share one pretrained model. num_steps = 0 or a
   # model.hf_path: no pretraining.
   c.pretrain = ml_collections.ConfigDict(dict(
-      num_steps=2500, batch_size=32, learning_rate=3e-3, warmup_steps=25, orders=(0,),
-      lengths=(2, 3, 4, 5, 6, 8, 10), max_distractors=1, n_per_length=1500, n_test_length=6000, curriculum_steps=0,
-      curriculum_format="nothink",
+      num_steps=5000, batch_size=32, learning_rate=3e-3, warmup_steps=25, orders=(0,),
+      lengths=(2, 3, 4, 5, 6, 8, 10), max_distractors=1, n_per_length=1500, n_test_length=6000,
+      curriculum_steps=1000, curriculum_format="nothink", mix_learning_rate=1e-3,
       formats=("nothink", "think"), seed=0, cache_dir=""))
   # The competence gate (pre-registered; checked after the cold starts, before any arm runs): the base's held-out
   # order-0 accuracy in each format >= order0 and each cold start's order-1 false-belief accuracy >=
   # false_belief_o1 (chance 1/6; "answer the real location" scores 0). enforce=False runs the arms anyway.
   c.gate = ml_collections.ConfigDict(dict(order0=0.98, false_belief_o1=0.4, enforce=True))
   # The cold starts (SFT from the base, or from model.hf_path) on data.cold_orders.
-  c.cold = ml_collections.ConfigDict(dict(num_steps=400, batch_size=32, learning_rate=3e-3, warmup_steps=25))
+  c.cold = ml_collections.ConfigDict(dict(num_steps=1500, batch_size=32, learning_rate=3e-3, warmup_steps=25))
   # Arm `sft`: continues the no-thinking cold start on data.rl_orders with gold answers; batch = train.batch_size
   # and num_steps = train.num_steps * grpo.num_iterations (as many updates as GRPO, at least as many prompts).
   c.sft = ml_collections.ConfigDict(dict(learning_rate=1e-3))
@@ -194,14 +195,14 @@ def get_config(arg=None):
       micro_batches=1,
       num_generations=8, num_iterations=2, beta=0.02, epsilon=0.2, epsilon_high=0.28, epsilon_c=0.0,
       kl_loss_mode="low_var_kl", loss_agg_mode="sequence-mean-token-mean", advantage_estimator="grpo",
-      per_reward_normalize=False, temperature=1.0, max_new_tokens=32, answer_weight=1.0, format_valid=0.5,
+      per_reward_normalize=False, temperature=1.0, max_new_tokens=16, answer_weight=1.0, format_valid=0.5,
       format_invalid=-0.5))
   c.rft = ml_collections.ConfigDict(dict(samples=4, prompts=256, num_steps=40, learning_rate=1e-3))
   c.audit = ml_collections.ConfigDict(dict(n_train=4000, n_test=2000))
   c.method = ml_collections.ConfigDict(dict(arms=ARMS))
   c.eval = ml_collections.ConfigDict(dict(batch=1000, kl_prompts=64))
   c.train = configs.train_config(
-      batch_size=16, num_steps=40, log_every=10, checkpoint_every=20, eval_batch_size=None, eval_every=None,
+      batch_size=8, num_steps=300, log_every=10, checkpoint_every=50, eval_batch_size=None, eval_every=None,
       init_from=None, optimizer=dict(name="adamw", learning_rate=3e-4, schedule="warmup_constant", warmup_steps=10,
                                      b2=0.98, clip_norm=1.0))
   if arg.variant == "small":
@@ -261,7 +262,8 @@ def validate(c):
   if not (0 <= c.gate.order0 <= 1 and 0 <= c.gate.false_belief_o1 <= 1):
     raise ConfigError(f"config.gate.order0={c.gate.order0} and gate.false_belief_o1={c.gate.false_belief_o1} are "
                       "accuracies: use values in [0, 1]")
-  if c.pretrain.n_test_length < 0 or not 0 <= c.pretrain.curriculum_steps < max(c.pretrain.num_steps, 1):
+  p = c.pretrain
+  if p.n_test_length < 0 or p.curriculum_steps < 0 or (p.num_steps and p.curriculum_steps >= p.num_steps):
     raise ConfigError(f"config.pretrain.n_test_length={c.pretrain.n_test_length} must be >= 0 and "
                       f"pretrain.curriculum_steps={c.pretrain.curriculum_steps} in [0, pretrain.num_steps)")
   if c.cold.num_steps < 0 or c.cold.batch_size < 1:

@@ -320,14 +320,17 @@ class _Run:
       pc.seed = p.seed
       # curriculum: the first curriculum_steps on the short stories alone in pretrain.curriculum_format, the rest
       # on the whole mix in every format
+      # (at pretrain.mix_learning_rate: the new format's first gradients are large, and at the first phase's rate
+      # they undo what it learned)
       phases = [(np.flatnonzero(np.asarray(short)[order]), p.curriculum_steps, "short",
-                 [p.curriculum_format == "think"] * len(rows))] if p.curriculum_steps else []
-      phases.append((np.arange(len(rows)), p.num_steps - p.curriculum_steps, "mix", think))
+                 [p.curriculum_format == "think"] * len(rows), p.learning_rate)] if p.curriculum_steps else []
+      phases.append((np.arange(len(rows)), p.num_steps - p.curriculum_steps, "mix", think,
+                     p.mix_learning_rate if p.curriculum_steps and p.mix_learning_rate else p.learning_rate))
       params = None
-      for idx, steps, name, fmt in phases:
+      for idx, steps, name, fmt, lr in phases:
         params, _ = trainers.sft(pc, os.path.join(ctx.subdir(), name), self.modeldef,
                                  self._rows([rows[i] for i in idx], [fmt[i] for i in idx]), num_steps=steps,
-                                 learning_rate=p.learning_rate, batch_size=p.batch_size,
+                                 learning_rate=lr, batch_size=p.batch_size,
                                  warmup_steps=p.warmup_steps, init_params=params)
       return self.modeldef.merge(params, {})
 
