@@ -179,6 +179,7 @@ def get_config(arg=None):
       num_steps=5000, batch_size=32, learning_rate=3e-3, warmup_steps=25, orders=(0,),
       lengths=(2, 3, 4, 5, 6, 8, 10), max_distractors=1, n_per_length=1500, n_test_length=6000,
       curriculum_steps=1000, curriculum_format="nothink", mix_learning_rate=1e-3,
+      stop_at=0.0, stop_every=250, stop_n=200,
       formats=("nothink", "think"), seed=0, cache_dir=""))
   # The competence gate (pre-registered; checked after the cold starts, before any arm runs): the base's held-out
   # order-0 accuracy in each format >= order0 and each cold start's order-1 false-belief accuracy >=
@@ -195,7 +196,7 @@ def get_config(arg=None):
       micro_batches=1,
       num_generations=8, num_iterations=2, beta=0.02, epsilon=0.2, epsilon_high=0.28, epsilon_c=0.0,
       kl_loss_mode="low_var_kl", loss_agg_mode="sequence-mean-token-mean", advantage_estimator="grpo",
-      per_reward_normalize=False, temperature=1.0, max_new_tokens=16, answer_weight=1.0, format_valid=0.5,
+      per_reward_normalize=False, temperature=1.0, max_new_tokens=32, answer_weight=1.0, format_valid=0.5,
       format_invalid=-0.5))
   c.rft = ml_collections.ConfigDict(dict(samples=4, prompts=256, num_steps=40, learning_rate=1e-3))
   c.audit = ml_collections.ConfigDict(dict(n_train=4000, n_test=2000))

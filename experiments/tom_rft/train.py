@@ -328,15 +328,28 @@ class _Run:
                      p.mix_learning_rate if p.curriculum_steps and p.mix_learning_rate else p.learning_rate))
       params = None
       for idx, steps, name, fmt, lr in phases:
+        stop = self._base_reached if p.stop_at and name == "mix" else None
         params, _ = trainers.sft(pc, os.path.join(ctx.subdir(), name), self.modeldef,
                                  self._rows([rows[i] for i in idx], [fmt[i] for i in idx]), num_steps=steps,
                                  learning_rate=lr, batch_size=p.batch_size,
-                                 warmup_steps=p.warmup_steps, init_params=params)
+                                 warmup_steps=p.warmup_steps, init_params=params, stop_every=p.stop_every,
+                                 stop_when=stop)
       return self.modeldef.merge(params, {})
 
     model, cached = cache.load_or_build(file, lambda: Transformer(self.mcfg, rngs=nnx.Rngs(0)), build,
                                         what="ToM base")
     return {"pretrain/cached": bool(cached), "params": jax.device_get(ModelDef.split(model)[0])}
+
+  def _base_reached(self, model) -> bool:
+    """The base's early stop: greedy order-0 accuracy >= pretrain.stop_at in every format on stop_n held-out
+    stories of the test's length and distractors (a generator seed no other data uses)."""
+    from jaxlab.tom import stories, tokens  # pylint: disable=g-import-not-at-top
+    c, p, d = self.config, self.config.pretrain, self.config.data
+    ex = stories.generate(p.stop_n, seed=10_000 * p.seed + 9_999, orders=(0,), num_agents=d.num_agents,
+                          num_containers=d.num_containers, num_events=d.num_events, max_distractors=d.max_distractors)
+    recs = stories.to_records([tokens.canonical(e) for e in ex] if d.names == "canonical" else ex)
+    return all(score(c, model, self.tok, recs, "stop", fmt == "think")["eval/acc_stop"] >= p.stop_at
+               for fmt in p.formats)
 
   def _rows(self, records, think):
     """Padded SFT rows; `think` is one flag for all records or one per record."""
