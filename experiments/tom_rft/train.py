@@ -293,11 +293,11 @@ class _Run:
     """The base model: order-0 questions over a length curriculum, trained once per settings and cached."""
     from flax import nnx  # pylint: disable=g-import-not-at-top
     from jaxlab import cache  # pylint: disable=g-import-not-at-top
-    from jaxlab.tom import stories, tokens  # pylint: disable=g-import-not-at-top
+    from jaxlab.tom import stories  # pylint: disable=g-import-not-at-top
     c, p, d = self.config, self.config.pretrain, self.config.data
     spec = {"what": "tom_rft base v3", "pretrain": {k: v for k, v in p.to_dict().items() if k != "cache_dir"},
             "model": dataclasses.asdict(self.mcfg), "data": {k: d[k] for k in (
-                "num_agents", "num_containers", "names", "seq_len", "num_events", "max_distractors",
+                "num_agents", "num_containers", "names", "seq_len", "num_events", "max_distractors", "trace",
                 "instruction_think", "instruction_nothink")},
             "optimizer": c.train.optimizer.to_dict(), "generator": _generator_digest()}
     file = cache.path("tom_rft", f"base_{cache.digest(spec)}.npz", p.cache_dir)
@@ -311,10 +311,10 @@ class _Run:
       for j, (n_events, distractors, n) in enumerate(parts):
         ex = stories.generate(n, seed=10_000 * p.seed + j, orders=tuple(p.orders), num_agents=d.num_agents,
                               num_containers=d.num_containers, num_events=n_events, max_distractors=distractors)
-        recs += [tokens.canonical(e) for e in ex] if d.names == "canonical" else ex
+        recs += ex
         short += [j < len(p.lengths)] * n
       order = np.random.default_rng(p.seed).permutation(len(recs))
-      rows = stories.to_records([recs[i] for i in order])
+      rows = _records(c, [recs[i] for i in order])   # the think format's trace is data.trace, as in the cold start
       think = [p.formats[i % len(p.formats)] == "think" for i in range(len(rows))]
       pc = ml_collections.ConfigDict(c.to_dict())
       pc.seed = p.seed
