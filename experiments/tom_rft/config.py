@@ -186,7 +186,11 @@ def get_config(arg=None):
   # false_belief_o1 (chance 1/6; "answer the real location" scores 0). enforce=False runs the arms anyway.
   c.gate = ml_collections.ConfigDict(dict(order0=0.98, false_belief_o1=0.4, enforce=True))
   # The cold starts (SFT from the base, or from model.hf_path) on data.cold_orders.
-  c.cold = ml_collections.ConfigDict(dict(num_steps=1500, batch_size=32, learning_rate=3e-3, warmup_steps=25))
+  # shrink / perturb: the cold starts begin at shrink * base + perturb * a fresh initialisation (Ash & Adams 2020,
+  # "On Warm-Starting Neural Network Training": a converged warm start fits new data without generalising);
+  # 1 / 0 = the base as it is
+  c.cold = ml_collections.ConfigDict(dict(num_steps=1500, batch_size=32, learning_rate=3e-3, warmup_steps=25,
+                                          shrink=1.0, perturb=0.0))
   # Arm `sft`: continues the no-thinking cold start on data.rl_orders with gold answers; batch = train.batch_size
   # and num_steps = train.num_steps * grpo.num_iterations (as many updates as GRPO, at least as many prompts).
   c.sft = ml_collections.ConfigDict(dict(learning_rate=1e-3))
@@ -269,6 +273,9 @@ def validate(c):
                       f"pretrain.curriculum_steps={c.pretrain.curriculum_steps} in [0, pretrain.num_steps)")
   if c.cold.num_steps < 0 or c.cold.batch_size < 1:
     raise ConfigError("config.cold.num_steps must be >= 0 and cold.batch_size >= 1")
+  if not 0 < c.cold.shrink <= 1 or c.cold.perturb < 0:
+    raise ConfigError(f"config.cold.shrink={c.cold.shrink}, cold.perturb={c.cold.perturb}: use 0 < shrink <= 1 "
+                      "and perturb >= 0 (1 and 0 start from the base as it is)")
   if g.temperature <= 0 or g.max_new_tokens < 1:
     raise ConfigError("config.grpo.temperature must be > 0 (sampling) and grpo.max_new_tokens >= 1")
   try:

@@ -361,9 +361,14 @@ class _Run:
   def cold(self, ctx, think: bool):
     """The cold start: SFT on data.cold_orders, with the trace (think) or the bare answer."""
     k = self.config.cold
+    init = self._initial(ctx)
+    if init is not None and (k.shrink != 1 or k.perturb):
+      from flax import nnx  # pylint: disable=g-import-not-at-top
+      fresh = ModelDef.split(Transformer(self.mcfg, rngs=nnx.Rngs(self.config.seed + 7)))[0]
+      init = jax.tree.map(lambda b, f: k.shrink * b + k.perturb * f, init, fresh)
     params, info = trainers.sft(self.config, ctx.subdir(), self.modeldef, self._rows(self.cold_data, think),
                                 num_steps=k.num_steps, learning_rate=k.learning_rate, batch_size=k.batch_size,
-                                warmup_steps=k.warmup_steps, init_params=self._initial(ctx))
+                                warmup_steps=k.warmup_steps, init_params=init)
     return {f"{ctx.name}/steps": info["step"], f"{ctx.name}/loss": info.get("train/loss"), "params": params}
 
   def start(self, ctx, think: bool):
