@@ -79,11 +79,16 @@ def test_only_the_needed_cold_starts_run(tmp_path, reference):
   assert "eval/correct_cold_nothink" not in s
 
 
-def test_failed_gate_stops_the_run_before_any_arm(tmp_path, reference):
-  overrides = {**SHORT, "method.arms": ("sft",), "gate.enforce": True}
-  with pytest.raises(ConfigError, match="competence gate failed .*order-1 false-belief"):
-    _run(tmp_path, overrides)
-  assert not (tmp_path / "stages" / "sft").exists() and not (tmp_path / "summary.json").exists()
+def test_failed_gate_skips_every_arm_and_fails_their_claims(tmp_path, reference, caplog):
+  overrides = {**SHORT, "method.arms": ("sft", "think"), "gate.enforce": True}
+  s = _run(tmp_path, overrides)
+  assert s["gate/pass"] is False and "competence gate failed" in caplog.text
+  assert s["sft/skipped"] == "competence gate failed" and "eval/correct_sft" not in s
+  assert not (tmp_path / "stages" / "sft").exists() and not (tmp_path / "stages" / "think").exists()
+  by_name = {c.name: c for c in registry.load("tom_rft").config_module.CLAIMS}
+  for name in ("think_vs_sft_o2_fb", "think_format"):
+    r = by_name[name].check([s])
+    assert r["passed"] is False and "competence gate failed" in r["error"], r
 
 
 def test_calibration_refuses_claim_seeds(tmp_path, capsys):
@@ -201,6 +206,8 @@ def test_sharded_equals_single_device(tmp_path):
     ({"data.test_orders": (0, 5)}, "num_agents"),
     ({"data.rl_orders": ()}, "rl_orders"),
     ({"data.source": "csv"}, "data.source"),
+    ({"cold.shrink": 0.0}, "cold.shrink"),
+    ({"cold.perturb": -0.1}, "cold.perturb"),
 ])
 def test_bad_config_values_are_clear_errors(overrides, msg):
   with pytest.raises(ConfigError, match=msg):
@@ -214,6 +221,31 @@ def test_missing_inputs_are_clear_errors_before_anything_is_written(tmp_path):
     with pytest.raises(ConfigError, match=msg):
       exp.train_module.train_and_evaluate(exp.get_config("tiny", overrides), str(tmp_path / "run"))
   assert not (tmp_path / "run").exists()
+
+
+def test_shrink_perturb_starts_the_cold_start_between_base_and_fresh(tmp_path, reference, monkeypatch):
+  import jax
+  from flax import nnx
+  from jaxlab.state import ModelDef
+  exp = registry.load("tom_rft")
+  seen = []
+
+  def fake_sft(config, workdir, modeldef, rows, *, init_params, **kw):
+    seen.append(init_params)
+    return init_params, {"step": 0}
+  monkeypatch.setattr(exp.train_module.trainers, "sft", fake_sft)
+  for shrink, perturb in ((1.0, 0.0), (0.5, 0.25)):
+    c = exp.get_config("tiny", {**SHORT, "method.arms": ("think",), "cold.shrink": shrink, "cold.perturb": perturb})
+    exp.train_module.train_and_evaluate(c, str(tmp_path / f"s{shrink}"), until="gate")
+  plain, mixed = seen
+  run = exp.train_module
+  cfg = exp.get_config("tiny", SHORT)
+  tok = run.tokenizer_for(cfg, [])
+  mcfg = run.model_config(cfg, tok)
+  fresh = ModelDef.split(run.Transformer(mcfg, rngs=nnx.Rngs(cfg.seed + 7)))[0]
+  want = jax.tree.map(lambda b, f: 0.5 * b + 0.25 * f, plain, fresh)
+  for a, b in zip(jax.tree.leaves(mixed), jax.tree.leaves(want)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
 
 
 @canary_covered
