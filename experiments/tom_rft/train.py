@@ -468,18 +468,26 @@ class _Run:
 # ------------------------------------------------------------------------------------------------ plots
 
 def plot(runs, workdirs, out_dir):
-  """Greedy accuracy per test order for each arm (mean over seeds) and the GRPO reward curves."""
+  """Greedy accuracy on false-belief questions per test order for the cold starts and each arm (mean over seeds;
+  the claims' statistic) and the GRPO reward curves (or, when the competence gate stopped the run, its note)."""
   from jaxlab.plotting import plt, save  # pylint: disable=g-import-not-at-top  (headless Agg backend)
   os.makedirs(out_dir, exist_ok=True)
   names = [a for a in ("cold_nothink", "cold_think", *config_lib.ARMS) if f"eval/acc_{a}" in runs[0]]
-  orders = sorted({int(k.rsplit("_o", 1)[1]) for k in runs[0] if k.startswith(f"eval/acc_{names[0]}_o")})
+  orders = sorted({int(k[len(f"eval/acc_{names[0]}_o"):-len("_fb")]) for k in runs[0]
+                   if k.startswith(f"eval/acc_{names[0]}_o") and k.endswith("_fb")})
   fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
   for j, a in enumerate(names):
-    ys = [np.mean([r[f"eval/acc_{a}_o{k}"] for r in runs]) for k in orders]
+    ys = [np.mean([r[f"eval/acc_{a}_o{k}_fb"] for r in runs]) for k in orders]
     ax[0].plot(orders, ys, "o-" if not a.startswith("cold") else "o:", color=f"C{j}", label=a)
+  if "audit/free_chance" in runs[0]:   # 1 / containers; a false-belief answer is one of the others
+    ax[0].axhline(1 / (1 / runs[0]["audit/free_chance"] - 1), color="0.5", lw=0.8, ls="--", label="chance")
   ax[0].axvspan(runs[0].get("rl_max_order", 2) + 0.5, orders[-1] + 0.3, color="0.9")
+  ax[0].set_ylim(-0.02, 1.02)
+  if runs[0].get("gate/pass") is False and not set(names) & set(config_lib.ARMS):
+    ax[1].text(0.5, 0.5, "competence gate failed:\nthe arms were not run", ha="center", va="center",
+               transform=ax[1].transAxes)
+  ax[0].set_ylabel("greedy accuracy, false-belief questions")
   ax[0].set_xlabel("belief order (shaded: never trained on)")
-  ax[0].set_ylabel("greedy accuracy (test)")
   ax[0].set_xticks(orders)
   ax[0].legend(fontsize=8)
   for k, wd in enumerate(workdirs):
@@ -490,5 +498,6 @@ def plot(runs, workdirs, out_dir):
                    label=f"{arm} (seed {k})")
   ax[1].set_xlabel("GRPO step")
   ax[1].set_ylabel("sampled answer reward")
-  ax[1].legend(fontsize=7, ncol=2)
+  if ax[1].get_lines():
+    ax[1].legend(fontsize=7, ncol=2)
   return [save(fig, out_dir, "tom_rft.png", dpi=120)]

@@ -91,6 +91,16 @@ def test_failed_gate_skips_every_arm_and_fails_their_claims(tmp_path, reference,
     assert r["passed"] is False and "competence gate failed" in r["error"], r
 
 
+def test_plot_with_and_without_arms(tmp_path, reference):
+  wd, s = reference
+  train = registry.load("tom_rft").train_module
+  gated = {k: v for k, v in s.items() if not any(k.startswith(f"eval/acc_{a}") for a in ("sft", "nothink", "think",
+                                                                                             "shuffled", "rft"))}
+  for name, runs in (("all", [s]), ("gated", [gated])):
+    (path,) = train.plot(runs, [str(wd)], str(tmp_path / name))
+    assert path.endswith("tom_rft.png") and (tmp_path / name / "tom_rft.png").stat().st_size > 0
+
+
 def test_calibration_refuses_claim_seeds(tmp_path, capsys):
   from jaxlab.experiments.tom_rft import calibrate
   with pytest.raises(SystemExit):
