@@ -23,8 +23,9 @@ NOT_REPRODUCED = {
     "taskloom_agent": ("claims v2: one seed of ten balances at 0.73x PD (not >= 0.8 on every seed), grouped vs "
                        "independent agents' AUC interval low end -33.5 (not > 0), the grouping exact on 5 of 10 "
                        "seeds (not more than half); 2/5 pass; see its README"),
-    "tom_rft": ("4/12 pass (the shortcut audit, Thinking-RFT vs the shuffled control); the thinking models break "
-                "format on unseen orders 3-4 and no arm learns to use EXIT events at tiny scale; see its README"),
+    "tom_rft": ("v2 4/11 pass (the shortcut audit, the base's order 0); blocked at the competence gate: the cold "
+                "starts answer the real location on order-1 false beliefs (0.08-0.20 of >= 0.4), so no arm ran; "
+                "see its README"),
 }
 
 

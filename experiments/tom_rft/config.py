@@ -104,9 +104,13 @@ def _gate_min(prefix):
 
 RESULTS = dict(  # this experiment's row of the README results table (values from claims.json)
     experiment="`tom_rft` (Zhong et al., ICML 2026: ToM post-training, shortcuts vs reasoning)",
-    claim=("shortcut audit: naive data solvable by a heuristic, shortcut-free data not; on shortcut-free belief "
-           "questions Thinking-RFT (GRPO, format + answer) beats its cold start, the shuffled-reward control, "
-           "No-Thinking-RFT and SFT on order 2, and SFT on held-out orders 3-4"),
+    claim=("v2: shortcut audit (naive data solvable by a heuristic, shortcut-free data not); a competence gate "
+           "(base order 0 >= 0.98, cold starts >= 0.4 on order-1 false beliefs); on false-belief questions "
+           "Thinking-RFT (GRPO, format + answer) beats its cold start, No-Thinking-RFT and SFT on order 2 and SFT "
+           "on held-out orders 3-4, keeps its format, and the shuffled-reward control does not improve"),
+    note=("blocked at the gate: the base passes order 0 (0.999) but its cold starts answer the real location on "
+          "order-1 false beliefs (0.08-0.20; 2 x 64 and 4 x 128 alike), so no arm ran; v1 and the gate "
+          "calibration in the README"),
 )
 
 RL = (0, 1, 2)
