@@ -42,11 +42,16 @@ def _orders(run, orders) -> np.ndarray:
   return np.isin(o, orders)
 
 
+def _require_arm(run, arm: str, key: str) -> None:
+  """A clear error when `arm` has no `key` because the competence gate skipped it on this seed."""
+  if key not in run and run.get("gate/pass") is False:
+    raise ValueError(f"arm {arm!r} did not run: the competence gate failed on this seed (gate/* in the summary)")
+
+
 def per_question(run, arm: str, orders, fb: bool = False) -> np.ndarray:
   """Greedy correctness (0/1) of an arm on the test questions of the given orders (fb: false-belief ones only,
   where the answer is not the object's real location)."""
-  if f"eval/correct_{arm}" not in run and run.get("gate/pass") is False:
-    raise ValueError(f"arm {arm!r} did not run: the competence gate failed on this seed (gate/* in the summary)")
+  _require_arm(run, arm, f"eval/correct_{arm}")
   keep = _orders(run, orders)
   if fb:
     keep &= _bits(run["eval/test_fb"]) == 1
@@ -92,8 +97,7 @@ def _fb_high(a, b, orders):
 def _arm_min(arm, key):
   def metric(runs):
     for r in runs:
-      if key not in r and r.get("gate/pass") is False:
-        raise ValueError(f"arm {arm!r} did not run: the competence gate failed on this seed (gate/* in the summary)")
+      _require_arm(r, arm, key)
     return claims.minimum(key)(runs)
   return metric
 

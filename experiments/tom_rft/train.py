@@ -263,6 +263,7 @@ class _Run:
   def __init__(self, config, tok, modeldef, mcfg, cold, train, test):
     self.config, self.tok, self.modeldef, self.mcfg = config, tok, modeldef, mcfg
     self.cold_data, self.train, self.test = cold, train, test
+    self._stop_recs = None
 
   def audit(self, ctx):
     """Claim 1: heuristic and EXIT-deleted learned probes on naive and shortcut-free false-belief questions."""
@@ -345,11 +346,11 @@ class _Run:
     """The base's early stop: greedy order-0 accuracy >= pretrain.stop_at in every format on stop_n held-out
     stories of the test's length and distractors (a generator seed no other data uses)."""
     from jaxlab.tom import stories, tokens  # pylint: disable=g-import-not-at-top
-    c, p, d = self.config, self.config.pretrain, self.config.data
-    ex = stories.generate(p.stop_n, seed=10_000 * p.seed + 9_999, orders=(0,), num_agents=d.num_agents,
-                          num_containers=d.num_containers, num_events=d.num_events, max_distractors=d.max_distractors)
-    recs = stories.to_records([tokens.canonical(e) for e in ex] if d.names == "canonical" else ex)
-    return all(score(c, model, self.tok, recs, "stop", fmt == "think")["eval/acc_stop"] >= p.stop_at
+    c, p = self.config, self.config.pretrain
+    if self._stop_recs is None:       # generated once, scored at every check
+      ex = _gen(c, p.stop_n, 10_000 * p.seed + 9_999, (0,))
+      self._stop_recs = stories.to_records([tokens.canonical(e) for e in ex] if c.data.names == "canonical" else ex)
+    return all(score(c, model, self.tok, self._stop_recs, "stop", fmt == "think")["eval/acc_stop"] >= p.stop_at
                for fmt in p.formats)
 
   def _rows(self, records, think):
